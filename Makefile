@@ -1,0 +1,42 @@
+# Set-up and entry points. README names `make demo` and `make test`; the rest are for developers.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+INSTALLED := $(VENV)/.installed
+STORE ?= var/store
+DEMO_DATE ?= 2026-11-30
+
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: venv demo test bench lock clean
+
+$(INSTALLED): requirements.lock pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet pip==26.3 setuptools==84.2.1
+	$(BIN)/pip install --quiet -r requirements.lock
+	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
+	touch $@
+
+venv: $(INSTALLED)
+
+demo: venv
+	HPD_STORE=$(STORE) $(BIN)/hpd stage-corpus --source data/corpus/sentences.tsv.gz --column sentence \
+		--ingest-date $(DEMO_DATE)
+
+test: venv
+	$(BIN)/python -m pytest
+
+bench: venv
+	$(BIN)/python -m bench
+
+# Regenerate requirements.lock from a clean resolve of pyproject.toml (needs the package index).
+lock:
+	rm -rf /tmp/hpd-lock-venv && $(PYTHON) -m venv /tmp/hpd-lock-venv
+	/tmp/hpd-lock-venv/bin/pip install --quiet pip==26.3 && /tmp/hpd-lock-venv/bin/pip install --quiet -e '.[dev]'
+	{ sed -n '1,/^setuptools==/p' requirements.lock; \
+	  /tmp/hpd-lock-venv/bin/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; \
+	} > requirements.lock.new && mv requirements.lock.new requirements.lock
+
+clean:
+	rm -rf $(VENV) var

@@ -1,0 +1,265 @@
+"""Stage corpus: raw sentence files -> the ``sentences`` dataset, one ``ingest_date`` partition.
+
+Reads plain text (one sentence per line), JSONL, CSV, TSV or Parquet, each optionally gzipped;
+normalises (Unicode NFC, collapsed whitespace); drops empty and over-long lines; de-duplicates by
+the sentence id (a hash of the normalised text) within the input and against every partition
+already staged; writes ``sentences/ingest_date=D/part-NNNNN-<sha8>.parquet`` shards and the
+partition's manifest, which lists the shards and counts the dropped rows by reason.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import hashlib
+import io
+import json
+import unicodedata
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date
+from typing import Literal
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import Field
+from tqdm import tqdm
+
+from tasks import contracts, datasets, manifest, storage
+from tasks.config import StageParams
+
+STAGE = "stage_corpus"
+DATASET = "sentences"
+Format = Literal["auto", "text", "jsonl", "csv", "tsv", "parquet"]
+_SUFFIX_FORMATS = {".txt": "text", ".text": "text", ".jsonl": "jsonl", ".ndjson": "jsonl",
+                   ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet"}
+
+
+class CorpusInputError(ValueError):
+    """A raw input that cannot be read as sentences; the message names the URI."""
+
+
+class StageCorpusParams(StageParams):
+    source: str = Field(description="URI or path of a raw file, or of a folder/prefix of raw files")
+    ingest_date: date = Field(description="the partition to write (from the Airflow data interval)")
+    format: Format = Field("auto", description="input format; auto picks it from the file suffix")
+    column: str = Field("text", min_length=1, description="text field (JSONL) or column (CSV/TSV/Parquet)")
+    max_chars: int = Field(1000, gt=0, description="drop normalised sentences longer than this")
+    shard_rows: int = Field(50_000, gt=0, description="rows per Parquet shard")
+
+
+@dataclass(frozen=True)
+class StageResult:
+    manifest_uri: str
+    skipped: bool
+    manifest: dict
+
+
+def sentence_id(text: str) -> str:
+    """Stable content hash of a normalised sentence: blake2b-128, hex."""
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def normalise(text: str) -> str:
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def partition_key(ingest_date: date) -> str:
+    return f"ingest_date={ingest_date.isoformat()}"
+
+
+def run(params: StageCorpusParams, force: bool = False, progress: bool = False) -> StageResult:
+    """Stage ``params.source`` into the ``sentences`` partition of ``params.ingest_date``."""
+    key = partition_key(params.ingest_date)
+    sources = _source_uris(params.source)
+    raw = {uri: storage.read_bytes(uri) for uri in sources}
+    stage_run = manifest.StageRun(
+        stage=STAGE, key=key, store=params.store, params=params.model_dump(mode="json"),
+        inputs=[{"uri": uri, "sha256": manifest.sha256_hex(data), "rows": None, "bytes": len(data)}
+                for uri, data in raw.items()],
+    )
+    if not force and (done := stage_run.completed()) is not None:
+        return StageResult(stage_run.uri, skipped=True, manifest=done)
+    previous_outputs = {o["uri"] for o in (stage_run.previous() or {}).get("outputs", [])}
+
+    with stage_run.phase("load_staged_ids"):
+        staged = _staged_ids(params.store, exclude_key=key)
+    dropped: Counter[str] = Counter()
+    rows: dict[str, list] = {name: [] for name in ("sentence_id", "text", "source", "line")}
+    seen: set[str] = set()
+    with stage_run.phase("read_normalise_dedup"):
+        for item, (uri, data) in zip(stage_run.inputs, raw.items(), strict=True):
+            read = 0
+            lines = _records(uri, data, _format_of(uri, params.format), params.column)
+            for line_no, text in tqdm(lines, desc=f"stage {uri.rsplit('/', 1)[-1]}", unit=" lines",
+                                      disable=not progress):
+                read += 1
+                text = normalise(text or "")
+                if not text:
+                    dropped["empty"] += 1
+                    continue
+                if len(text) > params.max_chars:
+                    dropped["too_long"] += 1
+                    continue
+                sid = sentence_id(text)
+                if sid in seen:
+                    dropped["duplicate_in_input"] += 1
+                    continue
+                seen.add(sid)
+                if sid in staged:
+                    dropped["already_staged"] += 1
+                    continue
+                for name, value in zip(rows, (sid, text, uri, line_no), strict=True):
+                    rows[name].append(value)
+            item["rows"] = read
+
+    # Check the whole partition before the first shard is written, so a refusal publishes nothing.
+    table = contracts.load(DATASET).conform(_sentences_table(rows, params.ingest_date))
+    with stage_run.phase("write_shards"):
+        prefix = storage.join(params.store, DATASET, key)
+        for index, start in enumerate(range(0, table.num_rows, params.shard_rows)):
+            shard = datasets.write_shard(prefix, index, table.slice(start, params.shard_rows), DATASET)
+            stage_run.add_output(shard.uri, shard.sha256, shard.bytes, shard.rows, shard.contract,
+                                 shard.schema_version)
+    stage_run.stats = {"rows_read": sum(i["rows"] for i in stage_run.inputs), "rows_written": table.num_rows,
+                       "dropped": {reason: dropped[reason] for reason in
+                                   ("empty", "too_long", "duplicate_in_input", "already_staged")}}
+    published = stage_run.publish()
+    for stale in previous_outputs - {o["uri"] for o in published["outputs"]}:
+        storage.delete(stale)
+    return StageResult(stage_run.uri, skipped=False, manifest=published)
+
+
+def partition_shards(store: str, ingest_date: date) -> list[str]:
+    """URIs of a staged partition's shards, as its manifest lists them (empty if not staged)."""
+    published = manifest.read(store, STAGE, partition_key(ingest_date))
+    return [o["uri"] for o in published["outputs"]] if published else []
+
+
+def _staged_ids(store: str, exclude_key: str) -> set[str]:
+    """Sentence ids of every partition staged so far, except ``exclude_key``'s own."""
+    ids: set[str] = set()
+    for key in manifest.list_keys(store, STAGE):
+        if key == exclude_key:
+            continue
+        published = manifest.read(store, STAGE, key) or {"outputs": []}
+        for output in published["outputs"]:
+            ids.update(storage.read_parquet(output["uri"], columns=["sentence_id"])
+                       .column("sentence_id").to_pylist())
+    return ids
+
+
+def _sentences_table(rows: dict[str, list], ingest_date: date) -> pa.Table:
+    n = len(rows["sentence_id"])
+    return pa.table({
+        "sentence_id": pa.array(rows["sentence_id"], pa.string()),
+        "text": pa.array(rows["text"], pa.string()),
+        "source": pa.array(rows["source"], pa.string()),
+        "line": pa.array(rows["line"], pa.int64()),
+        "ingest_date": pa.array([ingest_date] * n, pa.date32()),
+        "parent_id": pa.nulls(n, pa.string()),
+        "aug_method": pa.nulls(n, pa.string()),
+        "aug_params": pa.nulls(n, pa.string()),
+    })
+
+
+def _source_uris(source: str) -> list[str]:
+    uri = storage.to_uri(source)
+    if storage.exists(uri):
+        return [uri]
+    found = [u for u in storage.list_uris(uri) if not u.rsplit("/", 1)[-1].startswith((".", "_"))]
+    if not found:
+        raise CorpusInputError(f"{uri}: no such file, and no raw files under it")
+    return found
+
+
+def _format_of(uri: str, requested: str) -> str:
+    if requested != "auto":
+        return requested
+    name = uri.lower().removesuffix(".gz")
+    for suffix, fmt in _SUFFIX_FORMATS.items():
+        if name.endswith(suffix):
+            return fmt
+    raise CorpusInputError(f"{uri}: cannot tell the format from the name; pass format "
+                           f"(one of {sorted(set(_SUFFIX_FORMATS.values()))})")
+
+
+def _records(uri: str, data: bytes, fmt: str, column: str) -> Iterator[tuple[int, str | None]]:
+    """(1-based line or row number, raw text) for every record of one raw file."""
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except (OSError, EOFError) as exc:
+            raise CorpusInputError(f"{uri}: corrupt gzip data ({exc})") from None
+    if not data.strip():
+        raise CorpusInputError(f"{uri}: the input is empty")
+    if fmt == "parquet":
+        yield from _parquet_records(uri, data, column)
+        return
+    text = _decode(uri, data)
+    if fmt == "text":
+        yield from enumerate(text.splitlines(), start=1)
+    elif fmt == "jsonl":
+        yield from _jsonl_records(uri, text, column)
+    elif fmt in ("csv", "tsv"):
+        yield from _delimited_records(uri, text, column, tsv=fmt == "tsv")
+    else:
+        raise CorpusInputError(f"{uri}: unknown format {fmt!r}")
+
+
+def _decode(uri: str, data: bytes) -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise CorpusInputError(f"{uri}: not valid UTF-8 at line {line} (byte {exc.start})") from None
+
+
+def _jsonl_records(uri: str, text: str, column: str) -> Iterator[tuple[int, str | None]]:
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise CorpusInputError(f"{uri}: line {line_no} is not JSON ({exc.msg})") from None
+        if not isinstance(record, dict) or column not in record:
+            raise CorpusInputError(f"{uri}: line {line_no} has no field {column!r}")
+        value = record[column]
+        if value is not None and not isinstance(value, str):
+            raise CorpusInputError(f"{uri}: line {line_no}: field {column!r} is not a string")
+        yield line_no, value
+
+
+def _delimited_records(uri: str, text: str, column: str, tsv: bool) -> Iterator[tuple[int, str]]:
+    # TSV corpora carry bare quotes inside sentences: no quoting there; CSV follows RFC 4180.
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if tsv else ",",
+                        quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
+    try:
+        header = next(reader)
+        if column not in header:
+            raise CorpusInputError(f"{uri}: no column {column!r} (columns: {header})")
+        position = header.index(column)
+        for row in reader:
+            if not row:
+                continue
+            if len(row) <= position:
+                raise CorpusInputError(f"{uri}: line {reader.line_num} has {len(row)} field(s), "
+                                       f"no {column!r}")
+            yield reader.line_num, row[position]
+    except csv.Error as exc:
+        raise CorpusInputError(f"{uri}: malformed at line {reader.line_num} ({exc})") from None
+
+
+def _parquet_records(uri: str, data: bytes, column: str) -> Iterator[tuple[int, str | None]]:
+    try:
+        parquet = pq.ParquetFile(io.BytesIO(data))
+    except pa.ArrowException as exc:
+        raise CorpusInputError(f"{uri}: not a Parquet file ({exc})") from None
+    if column not in parquet.schema_arrow.names:
+        raise CorpusInputError(f"{uri}: no column {column!r} (columns: {parquet.schema_arrow.names})")
+    values = parquet.read(columns=[column]).column(column)
+    if not pa.types.is_string(values.type) and not pa.types.is_large_string(values.type):
+        raise CorpusInputError(f"{uri}: column {column!r} is {values.type}, not text")
+    yield from enumerate(values.to_pylist(), start=1)

@@ -1,0 +1,70 @@
+import json
+
+import pytest
+
+from tasks import manifest, storage
+
+
+@pytest.fixture
+def store(tmp_path):
+    return storage.to_uri(str(tmp_path / "store"))
+
+
+def _run(store, params=None, sha="a" * 64):
+    return manifest.StageRun(stage="demo_stage", key="ingest_date=2026-11-30", store=store,
+                             params=params or {"k": 1}, inputs=[{"uri": "file:///in.txt", "sha256": sha,
+                                                                 "rows": 3}])
+
+
+def test_published_manifest_validates_and_records_versions(store):
+    run = _run(store)
+    with run.phase("work"):
+        run.add_output("file:///out/part-0.parquet", "b" * 64, 10, 3, "sentences", 1)
+    published = run.publish()
+    on_store = json.loads(storage.read_bytes(run.uri))
+    assert on_store == published
+    manifest.validate(on_store)
+    assert on_store["packages"]["pyarrow"]
+    assert on_store["code_version"].startswith(("git:", "hpd-pipeline=="))
+    assert set(on_store["timings_s"]) == {"work", "total"}
+    assert run.uri == f"{store}/manifests/demo_stage/ingest_date=2026-11-30.json"
+
+
+def test_same_inputs_and_params_complete_the_work(store):
+    _run(store).publish()
+    assert _run(store).completed() is not None
+    assert _run(store, params={"k": 2}).completed() is None
+    assert _run(store, sha="c" * 64).completed() is None
+
+
+def test_rerun_replaces_the_manifest_and_a_concurrent_change_is_refused(store):
+    _run(store).publish()
+    rerun = _run(store, params={"k": 2})
+    assert rerun.completed() is None
+    _run(store, params={"k": 3}).publish()  # someone else published in between
+    with pytest.raises(manifest.ManifestError, match="concurrent"):
+        rerun.publish()
+    assert manifest.read(store, "demo_stage", "ingest_date=2026-11-30")["params"] == {"k": 3}
+
+
+def test_invalid_manifest_is_not_published(store):
+    run = _run(store)
+    run.add_output("not-a-uri", "b" * 64, 10, 3)
+    with pytest.raises(manifest.ManifestError, match="outputs/0/uri"):
+        run.publish()
+    assert not storage.exists(run.uri)
+
+
+def test_credentials_never_reach_the_manifest(store):
+    run = _run(store, params={"source": "s3://AKIAXX:topsecret@bucket/raw", "aws_secret_access_key": "topsecret",
+                              "nested": {"password": "hunter2"}})
+    run.publish()
+    body = storage.read_bytes(run.uri).decode()
+    assert "topsecret" not in body and "hunter2" not in body and "AKIAXX" not in body
+    assert '"source": "s3://bucket/raw"' in body
+
+
+def test_list_keys(store):
+    _run(store).publish()
+    assert manifest.list_keys(store, "demo_stage") == ["ingest_date=2026-11-30"]
+    assert manifest.list_keys(store, "other") == []
