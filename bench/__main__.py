@@ -13,8 +13,8 @@ NOT_BENCHMARKS = {"results"}
 
 
 def main(names: list[str]) -> None:
-    available = sorted(m.name for m in pkgutil.iter_modules([str(Path(__file__).parent))
-                       if not m.name.startswith("_") and m.name not in NOT_BENCHMARKS)
+    modules = pkgutil.iter_modules([str(Path(__file__).parent)])
+    available = sorted(m.name for m in modules if not m.name.startswith("_") and m.name not in NOT_BENCHMARKS)
     unknown = set(names) - set(available)
     if unknown:
         raise SystemExit(f"unknown benchmark(s) {sorted(unknown)}; available: {available}")

@@ -27,7 +27,8 @@ def write(name: str, *, unit: str, ours: float, baseline_name: str, baseline: fl
     """Write ``bench/results/<name>.json``; ``ratio`` is ours/baseline (or baseline/ours when lower wins),
     so a ratio above 1 always means we are ahead."""
     ratio = ours / baseline if higher_is_better else baseline / ours
-    result = {"benchmark": name, "unit": unit, "ours": ours, "baseline": {"name": baseline_name, "value": baseline},
+    result = {"benchmark": name, "unit": unit, "ours": ours,
+              "baseline": {"name": baseline_name, "value": baseline},
               "ratio": round(ratio, 3), "higher_is_better": higher_is_better, "machine": machine(),
               "details": details}
     RESULTS.mkdir(exist_ok=True)

@@ -56,8 +56,9 @@ def test_invalid_manifest_is_not_published(store):
 
 
 def test_credentials_never_reach_the_manifest(store):
-    run = _run(store, params={"source": "s3://AKIAXX:topsecret@bucket/raw", "aws_secret_access_key": "topsecret",
-                              "nested": {"password": "hunter2"}})
+    params = {"source": "s3://AKIAXX:topsecret@bucket/raw", "aws_secret_access_key": "topsecret",
+              "nested": {"password": "hunter2"}}
+    run = _run(store, params=params)
     run.publish()
     body = storage.read_bytes(run.uri).decode()
     assert "topsecret" not in body and "hunter2" not in body and "AKIAXX" not in body

@@ -8,7 +8,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks import config, manifest, storage
-from tasks.stage_corpus import CorpusInputError, StageCorpusParams, normalise, partition_shards, run, sentence_id
+from tasks.stage_corpus import (
+    CorpusInputError,
+    StageCorpusParams,
+    normalise,
+    partition_shards,
+    run,
+    sentence_id,
+)
 
 CORPUS = Path(__file__).parents[2] / "data" / "corpus" / "sentences.tsv.gz"
 DAY1, DAY2 = date(2026, 11, 1), date(2026, 11, 2)
@@ -20,7 +27,8 @@ def store(tmp_path):
 
 
 def _params(store, source, **extra):
-    return config.parse(StageCorpusParams, {"store": store, "source": str(source), "ingest_date": DAY1, **extra})
+    values = {"store": store, "source": str(source), "ingest_date": DAY1, **extra}
+    return config.parse(StageCorpusParams, values)
 
 
 def _staged_rows(store, day=DAY1):
