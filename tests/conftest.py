@@ -1,0 +1,101 @@
+"""Shared fixtures: an S3 endpoint (in-process moto server on 127.0.0.1), fresh buckets, store roots."""
+
+from __future__ import annotations
+
+import os
+import threading
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from tasks import storage
+
+_ISOLATED_ENV = (
+    "HPD_AWS_CONN_ID",
+    "HPD_S3_MAX_ATTEMPTS",
+    "HPD_S3_MULTIPART_THRESHOLD",
+    "HPD_S3_PART_SIZE",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_PROFILE",
+    "AWS_REGION",
+    "AWS_SESSION_TOKEN",
+)
+
+
+def _serialise_moto_writes() -> None:
+    """Make moto's conditional PutObject atomic, as it is on S3.
+
+    moto checks If-None-Match / If-Match and then stores the object without a lock, so two racing
+    requests on its threaded server can both pass the check.  Real S3 (and MinIO) decide atomically.
+    """
+    from moto.s3.responses import S3Response
+
+    original = S3Response.put_object
+    lock = threading.Lock()
+
+    def put_object(self: S3Response) -> object:
+        with lock:
+            return original(self)
+
+    S3Response.put_object = put_object  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """URL of an S3 endpoint: ``HPD_TEST_S3_ENDPOINT`` if set, else a moto server started here."""
+    external = os.environ.get("HPD_TEST_S3_ENDPOINT")
+    if external:
+        yield external.rstrip("/")
+        return
+    from moto.server import ThreadedMotoServer
+
+    _serialise_moto_writes()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path_factory) -> Iterator[str]:
+    """Point boto3's default chain at ``s3_endpoint`` for one test; yields the endpoint URL."""
+    for name in _ISOLATED_ENV:
+        monkeypatch.delenv(name, raising=False)
+    external = bool(os.environ.get("HPD_TEST_S3_ENDPOINT"))  # keeps its own credentials and region
+    if not (external and os.environ.get("AWS_ACCESS_KEY_ID")):
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    if not (external and os.environ.get("AWS_DEFAULT_REGION")):
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
+    no_files = tmp_path_factory.getbasetemp() / "no-aws-config"
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(no_files))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(no_files))
+    storage.reset_s3_clients()
+    yield s3_endpoint
+    storage.reset_s3_clients()
+
+
+@pytest.fixture
+def s3_bucket(s3_env: str) -> Iterator[str]:
+    """A fresh, empty bucket; emptied and removed afterwards."""
+    client = storage.s3_client()
+    name = f"hpd-test-{uuid.uuid4().hex[:16]}"
+    client.create_bucket(Bucket=name)
+    yield name
+    for upload in client.list_multipart_uploads(Bucket=name).get("Uploads", []):
+        client.abort_multipart_upload(Bucket=name, Key=upload["Key"], UploadId=upload["UploadId"])
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=name):
+        for obj in page.get("Contents", []):
+            client.delete_object(Bucket=name, Key=obj["Key"])
+    client.delete_bucket(Bucket=name)
+
+
+@pytest.fixture(params=[pytest.param("file", id="file"), pytest.param("s3", id="s3", marks=pytest.mark.s3)])
+def store_root(request: pytest.FixtureRequest, tmp_path) -> str:
+    """A fresh, empty root URI on each backend: ``file://<tmp>`` and ``s3://<fresh bucket>/root``."""
+    if request.param == "file":
+        return storage.to_uri(str(tmp_path / "store"))
+    return f"s3://{request.getfixturevalue('s3_bucket')}/root"
