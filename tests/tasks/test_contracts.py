@@ -57,14 +57,14 @@ def test_violations_are_refused_naming_the_column(table, column):
 def test_refused_shard_publishes_nothing(tmp_path):
     prefix = storage.to_uri(str(tmp_path / "teacher"))
     with pytest.raises(contracts.ContractError, match="embedding"):
-        datasets.write_shard(prefix, 0, _embeddings(3, value=math.nan), "teacher_embeddings", 4, "m")
+        datasets.write_shard(prefix, "part-00000", _embeddings(3, value=math.nan), "teacher_embeddings", 4, "m")
     assert storage.list_uris(prefix) == []
 
 
 def test_shards_are_content_addressed_and_deterministic(tmp_path):
     prefix = storage.to_uri(str(tmp_path / "teacher"))
-    first = datasets.write_shard(prefix, 0, _embeddings(3), "teacher_embeddings", 4, "m")
-    again = datasets.write_shard(prefix, 0, _embeddings(3), "teacher_embeddings", 4, "m")
+    first = datasets.write_shard(prefix, "part-00000", _embeddings(3), "teacher_embeddings", 4, "m")
+    again = datasets.write_shard(prefix, "part-00000", _embeddings(3), "teacher_embeddings", 4, "m")
     assert first == again
     assert first.uri.endswith(f"part-00000-{first.sha256[:8]}.parquet")
     assert storage.read_parquet(first.uri).schema.metadata[contracts.META_DIM] == b"4"

@@ -1,0 +1,167 @@
+"""The batched sentence encoder every stage shares (teacher encoding, student inference, evaluation).
+
+Loads a sentence-transformers folder (Transformer -> Pooling -> optional Dense -> optional
+Normalize, as its ``modules.json`` says) or a plain Hugging Face encoder (mean pooling) with
+``transformers`` directly, and encodes with token-length-bucketed batches under
+``torch.inference_mode`` and an optional autocast dtype (bf16 on CPUs with AVX-512 BF16,
+fp16/bf16 on CUDA). Embeddings come back as float32 in input order.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
+from transformers import AutoModel, AutoTokenizer
+
+from tasks import models
+
+Dtype = Literal["fp32", "bf16", "fp16"]
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_ACTIVATIONS = {"torch.nn.modules.activation.Tanh": torch.tanh, "torch.nn.modules.linear.Identity": lambda x: x}
+
+
+@dataclass(frozen=True)
+class Pooling:
+    mode: Literal["mean", "cls", "max"] = "mean"
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> Pooling:
+        config = json.loads((folder / "config.json").read_text())
+        for mode, key in (("cls", "pooling_mode_cls_token"), ("max", "pooling_mode_max_tokens"),
+                          ("mean", "pooling_mode_mean_tokens")):
+            if config.get(key):
+                return cls(mode)
+        raise models.ModelError(f"{folder}: unsupported pooling config {config}")
+
+    def __call__(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        hidden = hidden.float()
+        if self.mode == "cls":
+            return hidden[:, 0]
+        expanded = mask.unsqueeze(-1).to(hidden.dtype)
+        if self.mode == "max":
+            return hidden.masked_fill(expanded == 0, -1e9).max(dim=1).values
+        return (hidden * expanded).sum(dim=1) / expanded.sum(dim=1).clamp(min=1e-9)
+
+
+class Dense(torch.nn.Module):
+    """sentence-transformers' Dense module: linear layer + activation."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 activation: str = "torch.nn.modules.activation.Tanh") -> None:
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise models.ModelError(f"unsupported Dense activation {activation!r}")
+        self.linear = torch.nn.Linear(in_features, out_features, bias=bias)
+        self.activation_name = activation
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return _ACTIVATIONS[self.activation_name](self.linear(features))
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> Dense:
+        config = json.loads((folder / "config.json").read_text())
+        dense = cls(config["in_features"], config["out_features"], config.get("bias", True),
+                    config.get("activation_function", "torch.nn.modules.activation.Tanh"))
+        weights = folder / "model.safetensors"
+        state = load_file(weights) if weights.is_file() else torch.load(folder / "pytorch_model.bin",
+                                                                       weights_only=True)
+        dense.load_state_dict(state)
+        return dense
+
+
+@dataclass
+class SentenceEncoder:
+    """A loaded encoder: transformer, pooling, optional dense head and normalisation."""
+
+    model_id: str
+    tokenizer: object
+    transformer: torch.nn.Module
+    pooling: Pooling
+    dense: Dense | None
+    normalize: bool
+    max_seq_length: int
+    device: torch.device
+
+    @classmethod
+    def load(cls, spec: str, device: str = "cpu", max_seq_length: int | None = None) -> SentenceEncoder:
+        folder = models.resolve(spec)
+        modules = _modules(folder)
+        transformer_dir = folder / modules.get("Transformer", "")
+        bert_config = transformer_dir / "sentence_bert_config.json"
+        configured_len = json.loads(bert_config.read_text()).get("max_seq_length") if bert_config.is_file() \
+            else None
+        tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
+        transformer = AutoModel.from_pretrained(transformer_dir)
+        pooling = Pooling.from_folder(folder / modules["Pooling"]) if "Pooling" in modules else Pooling()
+        dense = Dense.from_folder(folder / modules["Dense"]) if "Dense" in modules else None
+        limit = max_seq_length or configured_len or min(tokenizer.model_max_length, 512)
+        target = torch.device(device)
+        transformer.to(target).eval()
+        if dense is not None:
+            dense.to(target).eval()
+        return cls(spec, tokenizer, transformer, pooling, dense, "Normalize" in modules, int(limit), target)
+
+    @property
+    def dim(self) -> int:
+        return self.dense.linear.out_features if self.dense else self.transformer.config.hidden_size
+
+    def encode(self, texts: list[str], batch_size: int = 64, dtype: Dtype = "fp32",
+               progress: bool = False) -> np.ndarray:
+        """Embeddings of ``texts`` (float32, input order)."""
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        bar = tqdm(total=len(texts), unit=" sent", disable=not progress, desc=f"encode {self.model_id}")
+        with torch.inference_mode():
+            for positions, batch in self._batches(texts, batch_size):
+                out[positions] = self.forward(batch, dtype).cpu().numpy()
+                bar.update(len(positions))
+        bar.close()
+        return out
+
+    def forward(self, batch: dict[str, torch.Tensor], dtype: Dtype = "fp32") -> torch.Tensor:
+        """Pooled (and projected, normalised) embeddings of one tokenised batch; differentiable."""
+        autocast = torch.autocast(self.device.type, dtype=_AUTOCAST.get(dtype, torch.float32),
+                                  enabled=dtype != "fp32")
+        with autocast:
+            hidden = self.transformer(**batch).last_hidden_state
+        embeddings = self.pooling(hidden, batch["attention_mask"])
+        if self.dense is not None:
+            embeddings = self.dense(embeddings)
+        if self.normalize:
+            embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
+        return embeddings
+
+    def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_length,
+                               return_tensors="pt")
+        return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask")}
+
+    def _batches(self, texts: list[str], batch_size: int) -> Iterator[tuple[np.ndarray, dict]]:
+        """Batches of similar token length (longest first), so padding is minimal."""
+        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length,
+                                 return_attention_mask=False)["input_ids"]
+        order = np.argsort([-len(ids) for ids in encoded], kind="stable")
+        for start in range(0, len(order), batch_size):
+            positions = order[start:start + batch_size]
+            padded = self.tokenizer.pad({"input_ids": [encoded[i] for i in positions]}, return_tensors="pt")
+            yield positions, {"input_ids": padded["input_ids"].to(self.device),
+                              "attention_mask": padded["attention_mask"].to(self.device)}
+
+
+def _modules(folder: Path) -> dict[str, str]:
+    """Module kind -> subfolder, from sentence-transformers' modules.json (empty for a plain HF folder)."""
+    path = folder / "modules.json"
+    if not path.is_file():
+        return {}
+    found = {}
+    for module in json.loads(path.read_text()):
+        kind = module["type"].rsplit(".", 1)[-1]
+        found[kind] = module.get("path", "")
+    return found
