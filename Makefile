@@ -3,6 +3,8 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
+# WordNet 3.0 for the augmentation stage (Debian's packages, copied where NLTK reads it: tasks/wordnet.py)
+WORDNET := $(HOME)/.cache/hpd-pipeline/nltk_data/corpora/wordnet/lexnames
 STORE ?= var/store
 DEMO_DATE ?= 2026-11-30
 
@@ -19,7 +21,12 @@ $(INSTALLED): requirements.lock requirements-models.lock pyproject.toml
 	$(BIN)/pip install --quiet --no-deps --no-build-isolation -e .
 	touch $@
 
-venv: $(INSTALLED)
+$(WORDNET): | $(INSTALLED)
+	test -f /usr/share/wordnet/data.noun || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base wordnet-sense-index; }
+	$(BIN)/python -m tasks.wordnet
+
+venv: $(INSTALLED) $(WORDNET)
 
 demo: venv
 	HPD_STORE=$(STORE) $(BIN)/hpd stage-corpus --source data/corpus/sentences.tsv.gz --column sentence \

@@ -36,13 +36,17 @@ def write(name: str, *, unit: str, ours: float, baseline_name: str, baseline: fl
     return result
 
 
+def _number(value: float) -> str:
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+
+
 def table() -> str:
     """README's performance table, one row per result file."""
     rows = ["| benchmark | ours | baseline | ratio (>1: ours ahead) | machine |", "|---|---|---|---|---|"]
     for path in sorted(RESULTS.glob("*.json")):
         r = json.loads(path.read_text())
-        rows.append(f"| `{r['benchmark']}` | {r['ours']:.4g} {r['unit']} | {r['baseline']['name']}: "
-                    f"{r['baseline']['value']:.4g} {r['unit']} | {r['ratio']:.2f}× | "
+        rows.append(f"| `{r['benchmark']}` | {_number(r['ours'])} {r['unit']} | {r['baseline']['name']}: "
+                    f"{_number(r['baseline']['value'])} {r['unit']} | {r['ratio']:.2f}× | "
                     f"{r['machine']['cores']} cores, {r['machine']['cpu_model']} |")
     return "\n".join(rows)
 

@@ -11,6 +11,8 @@ import argparse
 import importlib
 import json
 import sys
+import types
+import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,7 +31,19 @@ class Command:
 COMMANDS: dict[str, Command] = {
     "stage-corpus": Command("tasks.stage_corpus", "StageCorpusParams",
                             "stage raw sentence files into a sentences partition"),
+    "augment": Command("tasks.augment", "AugmentParams",
+                       "augment a sentences partition (WordNet synonyms, back-translation, token operations)"),
+    "encode-teacher": Command("tasks.encode_teacher", "EncodeTeacherParams",
+                              "encode a sentences partition with the teacher, shard by shard"),
+    "fit-pca": Command("tasks.fit_pca", "FitPCAParams",
+                       "fit the PCA projection over teacher embeddings and write the projected targets"),
 }
+
+
+def _is_list(annotation: object) -> bool:
+    """``list[...]`` or ``list[...] | None``."""
+    options = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+    return any(typing.get_origin(option) is list for option in options)
 
 
 def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
@@ -40,7 +54,8 @@ def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel]) 
                                 default=argparse.SUPPRESS, help=field.description)
         else:
             parser.add_argument(flag, dest=name, required=field.is_required(), default=argparse.SUPPRESS,
-                                metavar=name.upper(), help=field.description)
+                                nargs="+" if _is_list(field.annotation) else None, metavar=name.upper(),
+                                help=field.description)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -3,13 +3,12 @@
 Shards are independent units, each with its own manifest
 (``manifests/encode_teacher/<teacher>/ingest_date=D/<shard>.json``): a shard whose manifest
 matches is skipped, so a killed run resumes where it stopped, and Airflow can fan out one mapped
-task per group of shards (:func:`input_shards` lists them, ``shards`` selects a group). Memory is
+task per group of shards (:func:`tasks.sentences.shards` lists them, ``shards`` selects a group). Memory is
 bounded by one shard. Non-finite embeddings fail the shard, naming it; nothing is published for it.
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from datetime import date
 from typing import Literal
@@ -19,12 +18,11 @@ import pyarrow as pa
 from pydantic import Field
 from tqdm import tqdm
 
-from tasks import datasets, manifest, models, storage
+from tasks import datasets, manifest, models, sentences, storage
 from tasks.config import StageParams
 
 STAGE = "encode_teacher"
 DATASET = "teacher_embeddings"
-SENTENCE_STAGES = ("stage_corpus", "augment")  # stages whose manifests list sentences shards
 
 
 class EncodeError(ValueError):
@@ -50,24 +48,11 @@ class StageResult:
     manifest: dict
 
 
-def teacher_slug(teacher: str) -> str:
-    """A path-safe name for a model spec (its last path component)."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", teacher.rstrip("/").rsplit("/", 1)[-1])
-
-
-def input_shards(store: str, ingest_date: date) -> list[str]:
-    """The partition's sentences shards (original and augmented), as their manifests list them."""
-    key = f"ingest_date={ingest_date.isoformat()}"
-    shards = []
-    for stage in SENTENCE_STAGES:
-        published = manifest.read(store, stage, key)
-        shards.extend(o["uri"] for o in (published or {}).get("outputs", []))
-    return shards
 
 
 def output_shards(store: str, teacher: str, ingest_date: date) -> list[str]:
     """Published teacher-embedding shards of a partition, via their manifests."""
-    under = f"{teacher_slug(teacher)}/ingest_date={ingest_date.isoformat()}"
+    under = f"{models.slug(teacher)}/ingest_date={ingest_date.isoformat()}"
     uris = []
     for key in manifest.list_keys(store, STAGE, under):
         published = manifest.read(store, STAGE, key) or {"outputs": []}
@@ -77,7 +62,7 @@ def output_shards(store: str, teacher: str, ingest_date: date) -> list[str]:
 
 def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False) -> StageResult:
     """Encode every (selected) sentences shard of the partition that is not done yet."""
-    shards = input_shards(params.store, params.ingest_date)
+    shards = sentences.shards(params.store, params.ingest_date)
     if not shards:
         raise EncodeError(f"{params.store}: no sentences staged for ingest_date={params.ingest_date}")
     selected = params.shards if params.shards is not None else range(len(shards))
@@ -105,7 +90,7 @@ def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False
 
 
 def _partition_under(params: EncodeTeacherParams) -> str:
-    return f"{teacher_slug(params.teacher)}/ingest_date={params.ingest_date.isoformat()}"
+    return f"{models.slug(params.teacher)}/ingest_date={params.ingest_date.isoformat()}"
 
 
 def _shard_stem(shard_uri: str) -> str:
@@ -151,7 +136,7 @@ def _encode_shard(params: EncodeTeacherParams, encoder, stage_run: manifest.Stag
     flat = pa.array(embeddings.astype(params.output_dtype).ravel(), value_type)
     table = pa.table({"sentence_id": sentences.column("sentence_id"),
                       "embedding": pa.FixedSizeListArray.from_arrays(flat, encoder.dim)})
-    prefix = storage.join(params.store, "teacher", teacher_slug(params.teacher),
+    prefix = storage.join(params.store, "teacher", models.slug(params.teacher),
                           f"ingest_date={params.ingest_date.isoformat()}")
     with stage_run.phase("write"):
         shard = datasets.write_shard(prefix, _shard_stem(shard_uri), table, DATASET, dim=encoder.dim,

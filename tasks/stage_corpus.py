@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import csv
 import gzip
-import hashlib
 import io
+import itertools
 import json
-import unicodedata
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,11 +25,11 @@ import pyarrow.parquet as pq
 from pydantic import Field
 from tqdm import tqdm
 
-from tasks import contracts, datasets, manifest, storage
+from tasks import datasets, manifest, sentences, storage
 from tasks.config import StageParams
 
 STAGE = "stage_corpus"
-DATASET = "sentences"
+DATASET = sentences.DATASET
 Format = Literal["auto", "text", "jsonl", "csv", "tsv", "parquet"]
 _SUFFIX_FORMATS = {".txt": "text", ".text": "text", ".jsonl": "jsonl", ".ndjson": "jsonl",
                    ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet"}
@@ -47,6 +46,7 @@ class StageCorpusParams(StageParams):
     column: str = Field("text", min_length=1, description="text field (JSONL) or column (CSV/TSV/Parquet)")
     max_chars: int = Field(1000, gt=0, description="drop normalised sentences longer than this")
     shard_rows: int = Field(50_000, gt=0, description="rows per Parquet shard")
+    limit: int | None = Field(None, gt=0, description="read at most this many records (a sample)")
 
 
 @dataclass(frozen=True)
@@ -56,22 +56,15 @@ class StageResult:
     manifest: dict
 
 
-def sentence_id(text: str) -> str:
-    """Stable content hash of a normalised sentence: blake2b-128, hex."""
-    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
 
 
-def normalise(text: str) -> str:
-    return " ".join(unicodedata.normalize("NFC", text).split())
 
 
-def partition_key(ingest_date: date) -> str:
-    return f"ingest_date={ingest_date.isoformat()}"
 
 
 def run(params: StageCorpusParams, force: bool = False, progress: bool = False) -> StageResult:
     """Stage ``params.source`` into the ``sentences`` partition of ``params.ingest_date``."""
-    key = partition_key(params.ingest_date)
+    key = sentences.partition_key(params.ingest_date)
     sources = _source_uris(params.source)
     raw = {uri: storage.read_bytes(uri) for uri in sources}
     stage_run = manifest.StageRun(
@@ -84,25 +77,26 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
     previous_outputs = {o["uri"] for o in (stage_run.previous() or {}).get("outputs", [])}
 
     with stage_run.phase("load_staged_ids"):
-        staged = _staged_ids(params.store, exclude_key=key)
+        staged = sentences.staged_ids(params.store, exclude_key=key)
     dropped: Counter[str] = Counter()
     rows: dict[str, list] = {name: [] for name in ("sentence_id", "text", "source", "line")}
     seen: set[str] = set()
     with stage_run.phase("read_normalise_dedup"):
+        remaining = params.limit
         for item, (uri, data) in zip(stage_run.inputs, raw.items(), strict=True):
             read = 0
-            lines = _records(uri, data, _format_of(uri, params.format), params.column)
+            lines = itertools.islice(_records(uri, data, _format_of(uri, params.format), params.column), remaining)
             for line_no, text in tqdm(lines, desc=f"stage {uri.rsplit('/', 1)[-1]}", unit=" lines",
                                       disable=not progress):
                 read += 1
-                text = normalise(text or "")
+                text = sentences.normalise(text or "")
                 if not text:
                     dropped["empty"] += 1
                     continue
                 if len(text) > params.max_chars:
                     dropped["too_long"] += 1
                     continue
-                sid = sentence_id(text)
+                sid = sentences.sentence_id(text)
                 if sid in seen:
                     dropped["duplicate_in_input"] += 1
                     continue
@@ -113,9 +107,10 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
                 for name, value in zip(rows, (sid, text, uri, line_no), strict=True):
                     rows[name].append(value)
             item["rows"] = read
+            remaining = None if remaining is None else remaining - read
 
-    # Check the whole partition before the first shard is written, so a refusal publishes nothing.
-    table = contracts.load(DATASET).conform(_sentences_table(rows, params.ingest_date))
+    # The whole partition is checked before the first shard is written, so a refusal publishes nothing.
+    table = sentences.table(rows, params.ingest_date)
     with stage_run.phase("write_shards"):
         prefix = storage.join(params.store, DATASET, key)
         for index, start in enumerate(range(0, table.num_rows, params.shard_rows)):
@@ -130,37 +125,10 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
     return StageResult(stage_run.uri, skipped=False, manifest=published)
 
 
-def partition_shards(store: str, ingest_date: date) -> list[str]:
-    """URIs of a staged partition's shards, as its manifest lists them (empty if not staged)."""
-    published = manifest.read(store, STAGE, partition_key(ingest_date))
-    return [o["uri"] for o in published["outputs"]] if published else []
 
 
-def _staged_ids(store: str, exclude_key: str) -> set[str]:
-    """Sentence ids of every partition staged so far, except ``exclude_key``'s own."""
-    ids: set[str] = set()
-    for key in manifest.list_keys(store, STAGE):
-        if key == exclude_key:
-            continue
-        published = manifest.read(store, STAGE, key) or {"outputs": []}
-        for output in published["outputs"]:
-            ids.update(storage.read_parquet(output["uri"], columns=["sentence_id"])
-                       .column("sentence_id").to_pylist())
-    return ids
 
 
-def _sentences_table(rows: dict[str, list], ingest_date: date) -> pa.Table:
-    n = len(rows["sentence_id"])
-    return pa.table({
-        "sentence_id": pa.array(rows["sentence_id"], pa.string()),
-        "text": pa.array(rows["text"], pa.string()),
-        "source": pa.array(rows["source"], pa.string()),
-        "line": pa.array(rows["line"], pa.int64()),
-        "ingest_date": pa.array([ingest_date] * n, pa.date32()),
-        "parent_id": pa.nulls(n, pa.string()),
-        "aug_method": pa.nulls(n, pa.string()),
-        "aug_params": pa.nulls(n, pa.string()),
-    })
 
 
 def _source_uris(source: str) -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tasks import config, contracts, encode_teacher, manifest, models, stage_corpus, storage
+from tasks import config, contracts, encode_teacher, manifest, models, sentences, stage_corpus, storage
 from tests.tiny_models import build_sentence_model
 
 DAY = date(2026, 11, 1)
@@ -59,8 +59,8 @@ def test_each_shard_becomes_one_embedding_shard_then_skips(store, tmp_path, tiny
     table = storage.read_parquet(outputs[0])
     assert contracts.identify(table.schema) == ("teacher_embeddings", 1)
     assert table.schema.metadata[contracts.META_DIM] == b"32"
-    sentences = storage.read_parquet(stage_corpus.partition_shards(store, DAY)[0])
-    assert table.column("sentence_id").to_pylist() == sentences.column("sentence_id").to_pylist()
+    staged = storage.read_parquet(sentences.shards(store, DAY)[0])
+    assert table.column("sentence_id").to_pylist() == staged.column("sentence_id").to_pylist()
     embeddings = np.array(table.column("embedding").to_pylist())
     np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-5)
     for key in manifest.list_keys(store, "encode_teacher"):
@@ -154,3 +154,21 @@ def test_killed_run_resumes_to_byte_identical_shards(tmp_path, tiny_model):
     for a, b in zip(killed, straight, strict=True):
         assert a.rsplit("/", 1)[1] == b.rsplit("/", 1)[1]
         assert storage.read_bytes(a) == storage.read_bytes(b)
+
+
+@pytest.mark.slow
+def test_real_teacher_matches_sentence_transformers(store, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    _stage(store, tmp_path, n=200, shard_rows=100)
+    encode_teacher.run(_params(store, models.DEFAULT_TEACHER))
+    ours = pa.concat_tables([storage.read_parquet(u)
+                             for u in encode_teacher.output_shards(store, models.DEFAULT_TEACHER, DAY)])
+    staged = pa.concat_tables([storage.read_parquet(u) for u in sentences.shards(store, DAY)])
+    assert ours.column("sentence_id").to_pylist() == staged.column("sentence_id").to_pylist()
+    reference = SentenceTransformer(str(models.resolve(models.DEFAULT_TEACHER)), device="cpu").encode(
+        staged.column("text").to_pylist())
+    embeddings = np.array(ours.column("embedding").to_pylist(), dtype=np.float32)
+    assert embeddings.shape == (200, 768)
+    cosine = (embeddings * reference).sum(1) / np.linalg.norm(embeddings, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosine.min() >= 0.9999

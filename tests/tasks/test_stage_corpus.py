@@ -8,22 +8,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from tasks import config, manifest, storage
-from tasks.stage_corpus import (
-    CorpusInputError,
-    StageCorpusParams,
-    normalise,
-    partition_shards,
-    run,
-    sentence_id,
-)
+from tasks.sentences import normalise, sentence_id
+from tasks.sentences import shards as partition_shards
+from tasks.stage_corpus import CorpusInputError, StageCorpusParams, run
 
 CORPUS = Path(__file__).parents[2] / "data" / "corpus" / "sentences.tsv.gz"
 DAY1, DAY2 = date(2026, 11, 1), date(2026, 11, 2)
 
 
 @pytest.fixture
-def store(tmp_path):
-    return storage.to_uri(str(tmp_path / "store"))
+def store(store_root):
+    return store_root
 
 
 def _params(store, source, **extra):
@@ -158,3 +153,13 @@ def test_normalise_and_sentence_id_are_stable():
     assert normalise(" a\u00a0 b\n") == "a b"
     # The id is part of the data contract: stored partitions rely on it never changing.
     assert sentence_id(normalise("a  b")) == "acc9227cc02e5f5c13e74125bce89499"
+
+
+def test_limit_stages_a_sample_across_files(store, tmp_path):
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    (folder / "a.txt").write_text("one\ntwo\n")
+    (folder / "b.txt").write_text("two\nthree\nfour\n")
+    result = run(_params(store, folder, limit=3))
+    assert [r["text"] for r in _staged_rows(store)] == ["one", "two"]
+    assert [i["rows"] for i in result.manifest["inputs"]] == [2, 1]

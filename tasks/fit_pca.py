@@ -1,0 +1,259 @@
+"""Fit PCA: teacher embeddings -> a k-dim projection, and the student's projected targets.
+
+The fit streams over every teacher shard of the selected partitions, accumulating the row count,
+the sum and XᵀX (float64, shifted by the first chunk's mean for numerical stability), then takes
+an eigendecomposition of the D×D covariance: memory is O(D²) whatever the row count. An optional
+cap samples rows by a seeded hash of the sentence id (uniform, deterministic, no extra pass).
+
+Two projection modes share the same components (those of scikit-learn's PCA):
+``uncentered`` applies them to the raw embeddings, as HPD's code does; ``centered`` subtracts the
+mean first. The artifact (``pca.safetensors``: components, mean, explained variance and ratio;
+``summary.json``) records the mode.
+
+The projected targets are written as a dataset (``targets/<teacher>/<run>/``, one shard per
+teacher shard, same row order) rather than applied on the fly by the distillation stage: the
+student re-reads its targets every epoch and k-dim rows are D/k times smaller to read than teacher
+rows; the data-quality suite can check exactly what the student learns from; and each target
+shard's lineage (teacher shard + PCA artifact) is a manifest entry.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from datetime import date
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+from pydantic import Field, model_validator
+from tqdm import tqdm
+
+from tasks import datasets, manifest, models, storage
+from tasks.config import StageParams
+
+STAGE = "fit_pca"
+TEACHER_STAGE = "encode_teacher"
+TARGETS = "projected_targets"
+CHUNK_ROWS = 8192
+Mode = Literal["uncentered", "centered"]
+
+
+class PCAError(ValueError):
+    """The PCA cannot be fitted or applied; the message names the input."""
+
+
+class FitPCAParams(StageParams):
+    teacher: str = Field(models.DEFAULT_TEACHER, description="the teacher whose embeddings to fit")
+    partitions: list[date] | None = Field(None, description="ingest dates to fit on (default: all encoded)")
+    k: int = Field(128, gt=0, description="output dimension")
+    mode: Mode = Field("uncentered", description="uncentered: HPD's projection; centered: classic PCA")
+    max_rows: int | None = Field(None, gt=0, description="sample about this many rows (HPD used 40k)")
+    seed: int = Field(0, description="seed of the row sample")
+    name: str = Field("", pattern=r"^[A-Za-z0-9_.=-]*$", description="run name (default: k<k>-<mode>)")
+    write_targets: bool = Field(True, description="also write the projected targets dataset")
+
+    @model_validator(mode="after")
+    def _default_name(self) -> FitPCAParams:
+        if not self.name:
+            object.__setattr__(self, "name", f"k{self.k}-{self.mode}")
+        return self
+
+
+@dataclass(frozen=True)
+class Projection:
+    """A fitted projection: ``components`` (k×D), ``mean`` (D), ``explained_variance`` (k)."""
+
+    components: np.ndarray
+    mean: np.ndarray
+    explained_variance: np.ndarray
+    explained_variance_ratio: np.ndarray
+    mode: Mode
+    rows: int
+
+    def apply(self, embeddings: np.ndarray) -> np.ndarray:
+        x = embeddings.astype(np.float64) - (self.mean if self.mode == "centered" else 0.0)
+        return (x @ self.components.T.astype(np.float64)).astype(np.float32)
+
+    def to_safetensors(self) -> bytes:
+        from safetensors.numpy import save
+
+        tensors = {"components": self.components.astype(np.float32), "mean": self.mean.astype(np.float32),
+                   "explained_variance": self.explained_variance.astype(np.float64),
+                   "explained_variance_ratio": self.explained_variance_ratio.astype(np.float64)}
+        return save(tensors, metadata={"mode": self.mode, "rows": str(self.rows)})
+
+    @classmethod
+    def from_safetensors(cls, body: bytes, uri: str = "<bytes>") -> Projection:
+        from safetensors.numpy import load
+
+        try:
+            tensors = load(body)
+            header_size = int.from_bytes(body[:8], "little")  # safetensors: u64 size, then a JSON header
+            meta = json.loads(body[8:8 + header_size]).get("__metadata__", {})
+        except Exception as exc:
+            raise PCAError(f"{uri}: not a PCA artifact ({exc})") from None
+        return cls(tensors["components"], tensors["mean"], tensors["explained_variance"],
+                   tensors["explained_variance_ratio"], meta.get("mode", "uncentered"), int(meta.get("rows", 0)))
+
+
+@dataclass(frozen=True)
+class StageResult:
+    manifest_uri: str
+    skipped: bool
+    manifest: dict
+
+
+class MomentAccumulator:
+    """Streaming count, mean and covariance of row vectors (float64, shifted for stability)."""
+
+    def __init__(self, dim: int) -> None:
+        self.dim, self.rows = dim, 0
+        self.shift: np.ndarray | None = None
+        self.total = np.zeros(dim)
+        self.gram = np.zeros((dim, dim))
+
+    def add(self, chunk: np.ndarray) -> None:
+        if not len(chunk):
+            return
+        x = chunk.astype(np.float64)
+        if self.shift is None:
+            self.shift = x.mean(axis=0)
+        x -= self.shift
+        self.rows += len(x)
+        self.total += x.sum(axis=0)
+        self.gram += x.T @ x
+
+    def fit(self, k: int, mode: Mode) -> Projection:
+        if self.rows < 2:
+            raise PCAError(f"PCA needs at least 2 rows, got {self.rows}")
+        if k > self.dim:
+            raise PCAError(f"k={k} exceeds the embedding dimension {self.dim}")
+        shifted_mean = self.total / self.rows
+        covariance = (self.gram - self.rows * np.outer(shifted_mean, shifted_mean)) / (self.rows - 1)
+        eigenvalues, eigenvectors = np.linalg.eigh(covariance)
+        order = np.argsort(eigenvalues)[::-1][:k]
+        components = eigenvectors[:, order].T
+        # scikit-learn's sign convention: the largest-magnitude loading of each component is positive.
+        signs = np.sign(components[np.arange(k), np.abs(components).argmax(axis=1)])
+        components *= signs[:, None]
+        variance = np.clip(eigenvalues[order], 0.0, None)
+        return Projection(components, shifted_mean + self.shift, variance,
+                          variance / max(float(np.trace(covariance)), 1e-30), mode, self.rows)
+
+
+def sample_mask(sentence_ids: list[str], fraction: float, seed: int) -> np.ndarray:
+    """Rows kept by a seeded hash of the sentence id: uniform, deterministic, order-free."""
+    if fraction >= 1.0:
+        return np.ones(len(sentence_ids), dtype=bool)
+    scale = float(1 << 64)
+    return np.array([int.from_bytes(hashlib.blake2b(f"{seed}:{sid}".encode(), digest_size=8).digest(), "big")
+                     / scale < fraction for sid in sentence_ids], dtype=bool)
+
+
+def teacher_shards(store: str, teacher: str, partitions: list[date] | None) -> list[dict]:
+    """Manifest outputs of every encoded teacher shard of the selected partitions."""
+    slug = models.slug(teacher)
+    keys = manifest.list_keys(store, TEACHER_STAGE, slug)
+    if partitions is not None:
+        wanted = {f"{slug}/ingest_date={d.isoformat()}/" for d in partitions}
+        keys = [k for k in keys if any(k.startswith(w) for w in wanted)]
+    outputs = []
+    for key in keys:
+        outputs.extend((manifest.read(store, TEACHER_STAGE, key) or {"outputs": []})["outputs"])
+    return outputs
+
+
+def artifact_prefix(store: str, teacher: str, name: str) -> str:
+    return storage.join(store, "pca", models.slug(teacher), name)
+
+
+def load_projection(store: str, teacher: str, name: str) -> Projection:
+    uri = storage.join(artifact_prefix(store, teacher, name), "pca.safetensors")
+    return Projection.from_safetensors(storage.read_bytes(uri), uri)
+
+
+def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> StageResult:
+    """Fit the projection over the teacher shards, publish it, and write the projected targets."""
+    shards = teacher_shards(params.store, params.teacher, params.partitions)
+    if not shards:
+        raise PCAError(f"{params.store}: no teacher embeddings of {params.teacher!r} for partitions "
+                       f"{params.partitions or 'any'}")
+    stage_run = manifest.StageRun(
+        stage=STAGE, key=f"{models.slug(params.teacher)}/{params.name}", store=params.store,
+        params=params.model_dump(mode="json"),
+        inputs=[{"uri": s["uri"], "sha256": s["sha256"], "rows": s["rows"], "bytes": s["bytes"]} for s in shards],
+    )
+    if not force and (done := stage_run.completed()) is not None:
+        return StageResult(stage_run.uri, skipped=True, manifest=done)
+
+    total_rows = sum(s["rows"] for s in shards)
+    fraction = min(1.0, params.max_rows / total_rows) if params.max_rows else 1.0
+    with stage_run.phase("accumulate"):
+        accumulator = None
+        for shard in tqdm(shards, desc="fit_pca accumulate", unit=" shard", disable=not progress):
+            for ids, chunk in _chunks(shard["uri"]):
+                keep = sample_mask(ids, fraction, params.seed)
+                accumulator = accumulator or MomentAccumulator(chunk.shape[1])
+                accumulator.add(chunk[keep])
+    with stage_run.phase("eigendecomposition"):
+        projection = accumulator.fit(params.k, params.mode)
+
+    prefix = artifact_prefix(params.store, params.teacher, params.name)
+    artifact = projection.to_safetensors()
+    summary = {"teacher": params.teacher, "mode": params.mode, "k": params.k, "dim": accumulator.dim,
+               "rows_fitted": projection.rows, "rows_available": total_rows, "sample_fraction": fraction,
+               "explained_variance_ratio_sum": float(projection.explained_variance_ratio.sum()),
+               "explained_variance_ratio": projection.explained_variance_ratio.round(6).tolist()}
+    with stage_run.phase("write_artifact"):
+        for name, body in (("pca.safetensors", artifact),
+                           ("summary.json", json.dumps(summary, indent=2).encode())):
+            uri = storage.join(prefix, name)
+            storage.write_bytes(uri, body)
+            stage_run.add_output(uri, manifest.sha256_hex(body), len(body), None)
+    if params.write_targets:
+        with stage_run.phase("write_targets"):
+            targets_prefix = storage.join(params.store, "targets", models.slug(params.teacher), params.name)
+            model_id = f"{params.teacher}+pca-{params.name}"
+            for shard in tqdm(shards, desc="fit_pca targets", unit=" shard", disable=not progress):
+                stage_run.add_shard(_write_targets(shard["uri"], projection, targets_prefix, model_id))
+    stage_run.stats = {key: summary[key] for key in ("rows_fitted", "rows_available",
+                                                      "explained_variance_ratio_sum")}
+    return StageResult(stage_run.uri, skipped=False, manifest=stage_run.publish())
+
+
+def target_shards(store: str, teacher: str, name: str) -> list[str]:
+    """The projected-target shards a published PCA run lists."""
+    published = manifest.read(store, STAGE, f"{models.slug(teacher)}/{name}")
+    if published is None:
+        raise PCAError(f"{store}: no PCA run {name!r} for teacher {teacher!r}")
+    return [o["uri"] for o in published["outputs"] if o["contract"] == TARGETS]
+
+
+def _chunks(uri: str):
+    table = storage.read_parquet(uri, columns=["sentence_id", "embedding"])
+    column = table.column("embedding")
+    if not pa.types.is_fixed_size_list(column.type):
+        raise PCAError(f"{uri}: embedding column is {column.type}, not a fixed-size list")
+    dim = column.type.list_size
+    for start in range(0, table.num_rows, CHUNK_ROWS):
+        part = table.slice(start, CHUNK_ROWS)
+        values = part.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
+        chunk = values.reshape(-1, dim)
+        if not np.isfinite(chunk).all():
+            raise PCAError(f"{uri}: NaN or infinite embedding values near row {start}")
+        yield part.column("sentence_id").to_pylist(), chunk
+
+
+def _write_targets(teacher_uri: str, projection: Projection, prefix: str, model_id: str) -> datasets.Shard:
+    ids, targets = [], []
+    for chunk_ids, chunk in _chunks(teacher_uri):
+        ids.extend(chunk_ids)
+        targets.append(projection.apply(chunk))
+    values = np.concatenate(targets) if targets else np.zeros((0, len(projection.components)), np.float32)
+    k = values.shape[1]
+    table = pa.table({"sentence_id": pa.array(ids, pa.string()),
+                      "target": pa.FixedSizeListArray.from_arrays(pa.array(values.ravel(), pa.float32()), k)})
+    stem = teacher_uri.rsplit("/", 1)[1].removesuffix(".parquet")
+    return datasets.write_shard(prefix, stem, table, TARGETS, dim=k, model_id=model_id)

@@ -1,0 +1,71 @@
+"""The ``sentences`` dataset's shared ground: normalisation, sentence ids, rows, published shards.
+
+Both the corpus staging and the augmentation stage write this dataset; every other stage reads it
+through the shard lists in those stages' manifests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from datetime import date
+
+import pyarrow as pa
+
+from tasks import contracts, manifest, storage
+
+DATASET = "sentences"
+WRITER_STAGES = ("stage_corpus", "augment")
+COLUMNS = ("sentence_id", "text", "source", "line", "parent_id", "aug_method", "aug_params")
+
+
+def normalise(text: str) -> str:
+    """Unicode NFC with whitespace runs collapsed to one space and the ends stripped."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def sentence_id(text: str) -> str:
+    """Stable content hash of a normalised sentence: blake2b-128, hex. Part of the data contract."""
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def partition_key(ingest_date: date) -> str:
+    return f"ingest_date={ingest_date.isoformat()}"
+
+
+def table(rows: dict[str, list], ingest_date: date) -> pa.Table:
+    """A contract-checked ``sentences`` table from column lists (lineage columns may be absent)."""
+    n = len(rows["sentence_id"])
+    columns = {
+        "sentence_id": pa.array(rows["sentence_id"], pa.string()),
+        "text": pa.array(rows["text"], pa.string()),
+        "source": pa.array(rows["source"], pa.string()),
+        "line": pa.array(rows["line"], pa.int64()),
+        "ingest_date": pa.array([ingest_date] * n, pa.date32()),
+    }
+    for name in ("parent_id", "aug_method", "aug_params"):
+        columns[name] = pa.array(rows[name], pa.string()) if name in rows else pa.nulls(n, pa.string())
+    return contracts.load(DATASET).conform(pa.table(columns))
+
+
+def shards(store: str, ingest_date: date, stages: tuple[str, ...] = WRITER_STAGES) -> list[str]:
+    """A partition's published shards, as the writing stages' manifests list them."""
+    key = partition_key(ingest_date)
+    found = []
+    for stage in stages:
+        published = manifest.read(store, stage, key)
+        found.extend(o["uri"] for o in (published or {}).get("outputs", []))
+    return found
+
+
+def staged_ids(store: str, exclude_key: str | None = None, stages: tuple[str, ...] = ("stage_corpus",)) -> set[str]:
+    """Sentence ids of every partition the given stages published, except ``exclude_key``'s."""
+    ids: set[str] = set()
+    for stage in stages:
+        for key in manifest.list_keys(store, stage):
+            if key == exclude_key:
+                continue
+            for output in (manifest.read(store, stage, key) or {"outputs": []})["outputs"]:
+                ids.update(storage.read_parquet(output["uri"], columns=["sentence_id"])
+                           .column("sentence_id").to_pylist())
+    return ids
