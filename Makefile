@@ -7,6 +7,8 @@ INSTALLED := $(VENV)/.installed
 WORDNET := $(HOME)/.cache/hpd-pipeline/nltk_data/corpora/wordnet/lexnames
 STORE ?= var/store
 DEMO_DATE ?= 2026-11-30
+DEMO_ROWS ?= 2000
+HPD := HPD_STORE=$(STORE) $(BIN)/hpd
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -28,9 +30,13 @@ $(WORDNET): | $(INSTALLED)
 
 venv: $(INSTALLED) $(WORDNET)
 
+# The pipeline as far as it exists, on a sample of the vendored corpus in the embedded store.
 demo: venv
-	HPD_STORE=$(STORE) $(BIN)/hpd stage-corpus --source data/corpus/sentences.tsv.gz --column sentence \
-		--ingest-date $(DEMO_DATE)
+	$(HPD) stage-corpus --source data/corpus/sentences.tsv.gz --column sentence --ingest-date $(DEMO_DATE) \
+		--limit $(DEMO_ROWS)
+	$(HPD) augment --ingest-date $(DEMO_DATE) --methods wordnet swap --fraction 0.5
+	$(HPD) encode-teacher --ingest-date $(DEMO_DATE) --dtype bf16
+	$(HPD) fit-pca --k 128 --partitions $(DEMO_DATE)
 
 test: venv
 	$(BIN)/python -m pytest

@@ -85,8 +85,8 @@ def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False
     summary = {"stats": {"shards": len(done), "encoded": encoded, "skipped": len(done) - encoded,
                          "rows": sum(o["rows"] for m in done for o in m["outputs"])},
                "outputs": [o for m in done for o in m["outputs"]]}
-    return StageResult(manifest.manifest_uri(params.store, STAGE, _partition_under(params)),
-                       skipped=encoded == 0, manifest=summary)
+    manifests = storage.join(params.store, "manifests", STAGE, _partition_under(params))
+    return StageResult(manifests, skipped=encoded == 0, manifest=summary)
 
 
 def _partition_under(params: EncodeTeacherParams) -> str:
