@@ -37,6 +37,8 @@ COMMANDS: dict[str, Command] = {
                               "encode a sentences partition with the teacher, shard by shard"),
     "fit-pca": Command("tasks.fit_pca", "FitPCAParams",
                        "fit the PCA projection over teacher embeddings and write the projected targets"),
+    "distill": Command("tasks.distill", "DistillParams",
+                       "train the student on the projected targets (torchrun for several processes) and export it"),
 }
 
 

@@ -77,18 +77,18 @@ class Dense(torch.nn.Module):
         return dense
 
 
-@dataclass
-class SentenceEncoder:
-    """A loaded encoder: transformer, pooling, optional dense head and normalisation."""
+class SentenceEncoder(torch.nn.Module):
+    """A loaded encoder: transformer, pooling, optional dense head and normalisation.
 
-    model_id: str
-    tokenizer: object
-    transformer: torch.nn.Module
-    pooling: Pooling
-    dense: Dense | None
-    normalize: bool
-    max_seq_length: int
-    device: torch.device
+    A ``torch.nn.Module``: the distillation stage trains it (and wraps it in DDP) as it is.
+    """
+
+    def __init__(self, model_id: str, tokenizer, transformer: torch.nn.Module, pooling: Pooling,
+                 dense: Dense | None, normalize: bool, max_seq_length: int, device: torch.device) -> None:
+        super().__init__()
+        self.model_id, self.tokenizer, self.pooling = model_id, tokenizer, pooling
+        self.transformer, self.dense = transformer, dense
+        self.normalize, self.max_seq_length, self.device = normalize, max_seq_length, device
 
     @classmethod
     def load(cls, spec: str, device: str = "cpu", max_seq_length: int | None = None) -> SentenceEncoder:
@@ -104,10 +104,40 @@ class SentenceEncoder:
         dense = Dense.from_folder(folder / modules["Dense"]) if "Dense" in modules else None
         limit = max_seq_length or configured_len or min(tokenizer.model_max_length, 512)
         target = torch.device(device)
-        transformer.to(target).eval()
-        if dense is not None:
-            dense.to(target).eval()
-        return cls(spec, tokenizer, transformer, pooling, dense, "Normalize" in modules, int(limit), target)
+        encoder = cls(spec, tokenizer, transformer, pooling, dense, "Normalize" in modules, int(limit), target)
+        return encoder.to(target).eval()
+
+    def save(self, folder: Path) -> None:
+        """Write a sentence-transformers folder (Transformer, Pooling, [Dense], [Normalize]; safetensors)."""
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self.transformer.save_pretrained(folder, safe_serialization=True)
+        self.tokenizer.save_pretrained(folder)
+        (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": self.max_seq_length,
+                                                                      "do_lower_case": False}))
+        hidden = self.transformer.config.hidden_size
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        (folder / "1_Pooling").mkdir(exist_ok=True)
+        (folder / "1_Pooling" / "config.json").write_text(json.dumps({
+            "word_embedding_dimension": hidden, "pooling_mode_cls_token": self.pooling.mode == "cls",
+            "pooling_mode_mean_tokens": self.pooling.mode == "mean",
+            "pooling_mode_max_tokens": self.pooling.mode == "max"}))
+        if self.dense is not None:
+            dense_dir = folder / "2_Dense"
+            dense_dir.mkdir(exist_ok=True)
+            linear = self.dense.linear
+            (dense_dir / "config.json").write_text(json.dumps({
+                "in_features": linear.in_features, "out_features": linear.out_features,
+                "bias": linear.bias is not None, "activation_function": self.dense.activation_name}))
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.dense.state_dict().items()},
+                      dense_dir / "model.safetensors")
+            modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+        if self.normalize:
+            modules.append({"idx": len(modules), "name": str(len(modules)), "path": f"{len(modules)}_Normalize",
+                            "type": "sentence_transformers.models.Normalize"})
+        (folder / "modules.json").write_text(json.dumps(modules, indent=2))
 
     @property
     def dim(self) -> int:
