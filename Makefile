@@ -37,6 +37,8 @@ demo: venv
 	$(HPD) augment --ingest-date $(DEMO_DATE) --methods wordnet swap --fraction 0.5
 	$(HPD) encode-teacher --ingest-date $(DEMO_DATE) --dtype bf16
 	$(HPD) fit-pca --k 128 --partitions $(DEMO_DATE)
+	$(HPD) distill --epochs 1 --batch-size 64 --amp bf16 --eval-every 20 --name demo-student
+	@echo "student model (sentence-transformers folder): $(STORE)/students/demo-student/model"
 
 test: venv
 	$(BIN)/python -m pytest

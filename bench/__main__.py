@@ -9,7 +9,7 @@ from pathlib import Path
 
 from bench import results
 
-NOT_BENCHMARKS = {"results"}
+NOT_BENCHMARKS = {"results", "st_trainer_baseline"}  # shared pieces, not benchmarks
 
 
 def main(names: list[str]) -> None:

@@ -234,7 +234,7 @@ class Trainer:
                    disable=not (progress and self.dist.leader))
         while state.step < self.total_steps and not state.stopped_early:
             for batch in self.data.batches(state.position, params.batch_size):
-                loss = self._step(batch)
+                loss = self.train_step(batch)
                 state.step += 1
                 state.position = batch.next_position
                 state.losses.append((state.step, loss))
@@ -252,7 +252,8 @@ class Trainer:
         if self.best_weights is not None:
             self.model.load_state_dict(self.best_weights)
 
-    def _step(self, batch) -> float:
+    def train_step(self, batch) -> float:
+        """One optimizer step on a global batch; returns its mean squared error."""
         import torch
 
         params, world, rank = self.params, self.dist.world, self.dist.rank
