@@ -30,7 +30,7 @@ STUDENTS = {"MiniLM-L6": {"student_layers": None, "init": "ridge"},
             "MiniLM-L3 (random head)": {"student_layers": 3, "init": "random"}}
 
 
-def _prepare() -> dict:
+def prepare() -> dict:
     timings = {}
     steps = [
         ("stage", stage_corpus.run, stage_corpus.StageCorpusParams,
@@ -78,7 +78,7 @@ def main() -> dict:
 
     torch.set_num_threads(THREADS)
     started = time.perf_counter()
-    timings = _prepare()
+    timings = prepare()
     train_texts = [t for uri in sentences.shards(STORE, DAY, ("stage_corpus",))
                    for t in storage.read_parquet(uri, columns=["text"]).column("text").to_pylist()][:8000]
     table: dict[str, dict] = {}
@@ -91,7 +91,7 @@ def main() -> dict:
         published, seconds = _train(name, overrides)
         runs[name] = {"seconds": round(seconds, 1), "stats": published["stats"]}
         model_dir = ROOT / "var" / "bench" / "students" / name.replace(" ", "_")
-        prefix = f"{STORE}/students/{published['key']}/model/"
+        prefix = distill.model_prefix(STORE, published["key"]) + "/"
         for uri in storage.list_uris(prefix):
             path = model_dir / uri[len(prefix):]
             path.parent.mkdir(parents=True, exist_ok=True)

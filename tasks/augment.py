@@ -63,13 +63,6 @@ class AugmentParams(StageParams):
 
 
 @dataclass(frozen=True)
-class StageResult:
-    manifest_uri: str
-    skipped: bool
-    manifest: dict
-
-
-@dataclass(frozen=True)
 class Augmenter:
     """One method: a name, its recorded parameters, and a batch function parents -> variants."""
 
@@ -172,7 +165,7 @@ def build_augmenters(params: AugmentParams) -> list[Augmenter]:
     return [builders[m](params) if m in builders else _token_augmenter(params, m) for m in params.methods]
 
 
-def run(params: AugmentParams, force: bool = False, progress: bool = False) -> StageResult:
+def run(params: AugmentParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Augment the staged originals of ``params.ingest_date``."""
     key = sentences.partition_key(params.ingest_date)
     source_manifest = manifest.read(params.store, "stage_corpus", key)
@@ -184,7 +177,7 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> S
                 for o in source_manifest["outputs"]],
     )
     if not force and (done := stage_run.completed()) is not None:
-        return StageResult(stage_run.uri, skipped=True, manifest=done)
+        return manifest.StageResult(stage_run.uri, skipped=True, manifest=done)
     previous_outputs = {o["uri"] for o in (stage_run.previous() or {}).get("outputs", [])}
 
     with stage_run.phase("load"):
@@ -216,7 +209,7 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> S
     published = stage_run.publish()
     for stale in previous_outputs - {o["uri"] for o in published["outputs"]}:
         storage.delete(stale)
-    return StageResult(stage_run.uri, skipped=False, manifest=published)
+    return manifest.StageResult(stage_run.uri, skipped=False, manifest=published)
 
 
 def _collect(rows: dict[str, list], counts: Counter, originals: set[str], seen: set[str], parent: dict, text: str,

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from datetime import date
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks import contracts, manifest, storage
+from tasks import contracts, manifest, models, storage
 
 
 @dataclass(frozen=True)
@@ -46,3 +47,20 @@ def write_shard(prefix: str, stem: str, table: pa.Table, contract_name: str, dim
     uri = storage.join(prefix, f"{stem}-{digest[:8]}.parquet")
     storage.write_bytes(uri, body)
     return Shard(uri, digest, len(body), checked.num_rows, contract.name, contract.version)
+
+
+def derived_stem(source_uri: str) -> str:
+    """``<dataset>-<shard name>``: a shard computed from another is named after it."""
+    dataset, _, name = source_uri.rsplit("/", 3)[-3:]
+    return f"{dataset}-{name.removesuffix('.parquet')}"
+
+
+def teacher_partition(teacher: str, ingest_date: date) -> str:
+    """Where a partition's teacher embeddings and their manifests live, under ``teacher/`` and
+    ``manifests/encode_teacher/``."""
+    return f"{models.slug(teacher)}/ingest_date={ingest_date.isoformat()}"
+
+
+def teacher_shard_key(teacher: str, ingest_date: date, sentences_uri: str) -> str:
+    """The encode_teacher manifest key of the embeddings of one sentences shard."""
+    return f"{teacher_partition(teacher, ingest_date)}/{derived_stem(sentences_uri)}"

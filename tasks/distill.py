@@ -88,13 +88,6 @@ class DistillParams(StageParams):
         return self
 
 
-@dataclass(frozen=True)
-class StageResult:
-    manifest_uri: str
-    skipped: bool
-    manifest: dict
-
-
 @dataclass
 class TrainState:
     step: int = 0
@@ -117,7 +110,7 @@ class Distributed:
         return self.rank == 0
 
 
-def run(params: DistillParams, force: bool = False, progress: bool = False) -> StageResult:
+def run(params: DistillParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Train (or resume) the student on the PCA run's targets and publish the exported model."""
     import torch
 
@@ -130,7 +123,7 @@ def run(params: DistillParams, force: bool = False, progress: bool = False) -> S
             {"uri": p.targets_uri, "sha256": p.sha256[1], "rows": p.rows})],
     )
     if not force and (done := stage_run.completed()) is not None:
-        return StageResult(stage_run.uri, skipped=True, manifest=done)
+        return manifest.StageResult(stage_run.uri, skipped=True, manifest=done)
     if params.threads:
         torch.set_num_threads(params.threads)
     device = params.device if params.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -144,16 +137,25 @@ def run(params: DistillParams, force: bool = False, progress: bool = False) -> S
         trainer.train(progress)
     stage_run.stats = trainer.summary(init_record)
     if not dist.leader:
-        return StageResult(stage_run.uri, skipped=False, manifest={"stats": stage_run.stats, "outputs": []})
+        return manifest.StageResult(stage_run.uri, skipped=False, manifest={"stats": stage_run.stats, "outputs": []})
     with stage_run.phase("export"):
         for uri, body in trainer.export(stage_run, init_record).items():
             storage.write_bytes(uri, body)
             stage_run.add_output(uri, manifest.sha256_hex(body), len(body), None)
-    return StageResult(stage_run.uri, skipped=False, manifest=stage_run.publish())
+    return manifest.StageResult(stage_run.uri, skipped=False, manifest=stage_run.publish())
 
 
 def run_prefix(params: DistillParams) -> str:
     return storage.join(params.store, "students", params.name)
+
+
+def model_prefix(store: str, name: str) -> str:
+    """The exported sentence-transformers folder of a published distill run."""
+    published = manifest.read(store, STAGE, name)
+    if published is None:
+        raise DistillError(f"{store}: no published distill run {name!r}")
+    modules = next(o["uri"] for o in published["outputs"] if o["uri"].endswith("/model/modules.json"))
+    return modules.removesuffix("/modules.json")
 
 
 def _init_distributed() -> Distributed:
@@ -194,13 +196,10 @@ class Trainer:
             self.optimizer, lambda s: (s + 1) / max(warmup, 1) if s < warmup
             else max(0.0, (self.total_steps - s) / max(self.total_steps - warmup, 1)))
         self.scaler = torch.amp.GradScaler("cuda", enabled=self.amp == "fp16")
-        self.ddp = self.model
-        if dist.world > 1:
-            from torch.nn.parallel import DistributedDataParallel
-
-            self.ddp = DistributedDataParallel(self.model, device_ids=[self.model.device] if device == "cuda" else None)
+        self.ddp = self.model  # wrapped in DDP once initialised or restored: see train()
         self.best_weights: dict | None = None
         self.init_record: dict = {}
+        self.exported: dict | None = None
         self.checkpoints = storage.join(run_prefix(params), "checkpoints")
 
     # -- start ---------------------------------------------------------------------------------------------
@@ -224,17 +223,28 @@ class Trainer:
                                          self.params.ridge_alpha)
         self.init_record = record
         self.state.evals.append({"step": 0, **self.validate()})
+        self.state.best_val_mse = self.state.evals[0]["val_mse"]  # training must beat the initial weights
+        self.best_weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         return record
 
     # -- loop ----------------------------------------------------------------------------------------------
     def train(self, progress: bool) -> None:
         params, state = self.params, self.state
+        if self.dist.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            cuda = self.model.device.type == "cuda"
+            self.ddp = DistributedDataParallel(self.model, device_ids=[self.model.device] if cuda else None)
         self.model.train()
         bar = tqdm(total=self.total_steps, initial=state.step, unit=" step", desc=f"distill {params.name}",
                    disable=not (progress and self.dist.leader))
         while state.step < self.total_steps and not state.stopped_early:
+            epoch = state.position.epoch
             for batch in self.data.batches(state.position, params.batch_size):
                 loss = self.train_step(batch)
+                if not math.isfinite(loss):
+                    raise DistillError(f"{params.name}: training loss is {loss} at step {state.step + 1} "
+                                       f"(lr {self.scheduler.get_last_lr()[0]:.2e}); lower lr or check the targets")
                 state.step += 1
                 state.position = batch.next_position
                 state.losses.append((state.step, loss))
@@ -247,10 +257,13 @@ class Trainer:
                     self._save_checkpoint()
                 if last or state.stopped_early:
                     break
+            if state.position.epoch == epoch and not (state.step >= self.total_steps or state.stopped_early):
+                state.position = Position(epoch + 1)  # the rest of the epoch held no training rows
         bar.close()
         self.model.eval()
         if self.best_weights is not None:
             self.model.load_state_dict(self.best_weights)
+        self.exported = {"step": state.best_step, **self.validate()}
 
     def train_step(self, batch) -> float:
         """One optimizer step on a global batch; returns its mean squared error."""
@@ -264,12 +277,17 @@ class Trainer:
             texts = batch.texts[start:start + micro]
             targets = batch.targets[start:start + micro]
             local = slice(rank * len(texts) // world, (rank + 1) * len(texts) // world)
+            # A rank whose slice is empty (a short last batch) still joins DDP's gradient all-reduce,
+            # with one row weighted zero.
+            weight = 1.0 if local.stop > local.start else 0.0
+            local = local if weight else slice(0, 1)
             features = self.model.tokenize(texts[local])
             goal = torch.as_tensor(targets[local], device=self.model.device)
             dtype = self.amp if self.amp != "off" else "fp32"
             output = self.ddp(features, dtype).float()
-            # Sum of squared errors over the whole optimizer step; DDP averages over ranks, hence * world.
-            sse = ((output - goal) ** 2).sum()
+            # The step's loss is the squared error summed over the global batch, divided by its size;
+            # DDP averages gradients over ranks, hence * world.
+            sse = ((output - goal) ** 2).sum() * weight
             loss = sse * world / (rows * k)
             self.scaler.scale(loss).backward()
             total += float(sse.detach())
@@ -326,23 +344,25 @@ class Trainer:
         storage.write_bytes(uri, buffer.getvalue())
         pointer = {"uri": uri, "step": self.state.step, "fingerprint": self.fingerprint, "init": self.init_record}
         storage.write_bytes(storage.join(self.checkpoints, "latest.json"), json.dumps(pointer).encode())
+        older = sorted(u for u in storage.list_uris(self.checkpoints) if u.endswith(".pt") and u != uri)
+        for stale in older[:-1]:  # keep this checkpoint and the one before it
+            storage.delete(stale)
 
     def _load_checkpoint(self, uri: str) -> None:
         import torch
 
-        try:
-            payload = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location=self.model.device,
-                                 weights_only=False)
+        try:  # loaded on the CPU: RNG states must stay CPU tensors; the optimizer moves its own state
+            payload = torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=False)
             self.model.load_state_dict(payload["model"])
             self.optimizer.load_state_dict(payload["optimizer"])
             self.scheduler.load_state_dict(payload["scheduler"])
             self.scaler.load_state_dict(payload["scaler"])
+            self.best_weights = payload["best_weights"]
+            self.state = _state_from_dict(payload["state"])
+            _restore_rng(payload["rng"])
         except Exception as exc:  # a damaged file fails in many ways (unpickling, zip, shapes, missing keys)
             raise DistillError(f"{uri}: corrupted or incompatible checkpoint ({type(exc).__name__}: {exc}); "
                                f"rerun with --force to start over") from None
-        self.best_weights = payload["best_weights"]
-        self.state = _state_from_dict(payload["state"])
-        _restore_rng(payload["rng"])
 
     # -- results -------------------------------------------------------------------------------------------
     def summary(self, init_record: dict) -> dict:
@@ -350,12 +370,14 @@ class Trainer:
         return {"steps": state.step, "total_steps": self.total_steps, "train_rows": self.data.train_rows,
                 "val_rows": len(self.data.val_texts), "k": self.data.dim, "best_step": state.best_step,
                 "best_val_mse": state.best_val_mse, "initial": state.evals[0] if state.evals else None,
-                "final": state.evals[-1] if state.evals else None, "stopped_early": state.stopped_early,
+                "final": state.evals[-1] if state.evals else None, "exported": self.exported,
+                "stopped_early": state.stopped_early,
                 "init": init_record, "amp": self.amp, "world_size": self.dist.world}
 
     def export(self, stage_run: manifest.StageRun, init_record: dict) -> dict[str, bytes]:
         """The sentence-transformers folder (with model card), loss history and metrics, as URI -> bytes."""
-        prefix = run_prefix(self.params)
+        # A folder per fingerprint: a rerun never overwrites what the published manifest lists.
+        prefix = storage.join(run_prefix(self.params), stage_run.fingerprint[:12])
         files: dict[str, bytes] = {}
         with tempfile.TemporaryDirectory() as scratch:
             folder = Path(scratch) / "model"
@@ -399,7 +421,8 @@ embeddings = model.encode(["A sentence.", "Another one."])
 - training rows: {summary['train_rows']}, validation rows: {summary['val_rows']}
 - head initialisation: {summary['init']}
 - validation before training: {summary['initial']}
-- validation at the end: {summary['final']}
+- validation at the last step: {summary['final']}
+- validation of the exported (best) weights: {summary['exported']}
 - best validation MSE: {summary['best_val_mse']:.6g}
 
 ## Configuration

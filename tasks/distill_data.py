@@ -12,14 +12,13 @@ the next batch starts, so a resumed run sees exactly the batches an uninterrupte
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date
 
 import numpy as np
 
-from tasks import manifest, models, storage
+from tasks import manifest, models, sentences, storage
 
 
 class DistillDataError(ValueError):
@@ -55,6 +54,8 @@ def shard_pairs(store: str, teacher: str, pca_name: str, partitions: list[date] 
     if pca is None:
         raise DistillDataError(f"{store}: no PCA run {pca_name!r} for teacher {teacher!r}; run fit-pca first")
     targets = [o for o in pca["outputs"] if o["contract"] == "projected_targets"]
+    if not targets:
+        raise DistillDataError(f"{store}: PCA run {pca_name!r} wrote no targets; rerun fit-pca with --write-targets")
     if len(targets) != len(pca["inputs"]):
         raise DistillDataError(f"{manifest.manifest_uri(store, 'fit_pca', f'{slug}/{pca_name}')}: "
                                f"{len(targets)} target shards for {len(pca['inputs'])} teacher shards")
@@ -77,16 +78,14 @@ def shard_pairs(store: str, teacher: str, pca_name: str, partitions: list[date] 
 
 
 def is_validation(sentence_ids: list[str], fraction: float, seed: int) -> np.ndarray:
-    scale = float(1 << 64)
-    return np.array([int.from_bytes(hashlib.blake2b(f"val:{seed}:{sid}".encode(), digest_size=8).digest(), "big")
-                     / scale < fraction for sid in sentence_ids], dtype=bool)
+    return sentences.hashed_below(sentence_ids, fraction, f"val:{seed}")
 
 
 def read_pair(pair: ShardPair) -> tuple[list[str], list[str], np.ndarray]:
     """(sentence ids, texts, targets) of one pair, joined by sentence id in the targets' order."""
-    sentences = storage.read_parquet(pair.sentences_uri, columns=["sentence_id", "text"])
+    staged = storage.read_parquet(pair.sentences_uri, columns=["sentence_id", "text"])
     targets = storage.read_parquet(pair.targets_uri, columns=["sentence_id", "target"])
-    text_of = dict(zip(sentences.column("sentence_id").to_pylist(), sentences.column("text").to_pylist(),
+    text_of = dict(zip(staged.column("sentence_id").to_pylist(), staged.column("text").to_pylist(),
                        strict=True))
     ids = targets.column("sentence_id").to_pylist()
     missing = [sid for sid in ids if sid not in text_of]

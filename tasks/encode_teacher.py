@@ -9,7 +9,6 @@ bounded by one shard. Non-finite embeddings fail the shard, naming it; nothing i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import date
 from typing import Literal
 
@@ -41,26 +40,16 @@ class EncodeTeacherParams(StageParams):
     shards: list[int] | None = Field(None, description="encode only these input shard positions")
 
 
-@dataclass(frozen=True)
-class StageResult:
-    manifest_uri: str
-    skipped: bool
-    manifest: dict
-
-
-
-
 def output_shards(store: str, teacher: str, ingest_date: date) -> list[str]:
-    """Published teacher-embedding shards of a partition, via their manifests."""
-    under = f"{models.slug(teacher)}/ingest_date={ingest_date.isoformat()}"
+    """Published teacher-embedding shards of a partition, one per current sentences shard that is encoded."""
     uris = []
-    for key in manifest.list_keys(store, STAGE, under):
-        published = manifest.read(store, STAGE, key) or {"outputs": []}
-        uris.extend(o["uri"] for o in published["outputs"])
+    for shard_uri in sentences.shards(store, ingest_date):
+        published = manifest.read(store, STAGE, datasets.teacher_shard_key(teacher, ingest_date, shard_uri))
+        uris.extend(o["uri"] for o in (published or {"outputs": []})["outputs"])
     return uris
 
 
-def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False) -> StageResult:
+def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Encode every (selected) sentences shard of the partition that is not done yet."""
     shards = sentences.shards(params.store, params.ingest_date)
     if not shards:
@@ -85,25 +74,20 @@ def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False
     summary = {"stats": {"shards": len(done), "encoded": encoded, "skipped": len(done) - encoded,
                          "rows": sum(o["rows"] for m in done for o in m["outputs"])},
                "outputs": [o for m in done for o in m["outputs"]]}
-    manifests = storage.join(params.store, "manifests", STAGE, _partition_under(params))
-    return StageResult(manifests, skipped=encoded == 0, manifest=summary)
+    manifests = storage.join(params.store, "manifests", STAGE, datasets.teacher_partition(params.teacher,
+                                                                                           params.ingest_date))
+    return manifest.StageResult(manifests, skipped=encoded == 0, manifest=summary)
 
 
-def _partition_under(params: EncodeTeacherParams) -> str:
-    return f"{models.slug(params.teacher)}/ingest_date={params.ingest_date.isoformat()}"
 
 
-def _shard_stem(shard_uri: str) -> str:
-    """``<dataset>-<shard name>``: the output is named after the input shard it encodes."""
-    dataset, _, name = shard_uri.rsplit("/", 3)[-3:]
-    return f"{dataset}-{name.removesuffix('.parquet')}"
 
 
 def _shard_run(params: EncodeTeacherParams, shard_uri: str) -> manifest.StageRun:
     body = storage.read_bytes(shard_uri)
     identity = params.model_dump(mode="json", exclude={"shards", "threads", "device", "batch_size"})
     return manifest.StageRun(
-        stage=STAGE, key=f"{_partition_under(params)}/{_shard_stem(shard_uri)}", store=params.store,
+        stage=STAGE, key=datasets.teacher_shard_key(params.teacher, params.ingest_date, shard_uri), store=params.store,
         params=identity, inputs=[{"uri": shard_uri, "sha256": manifest.sha256_hex(body), "rows": None,
                                   "bytes": len(body)}],
     )
@@ -139,7 +123,7 @@ def _encode_shard(params: EncodeTeacherParams, encoder, stage_run: manifest.Stag
     prefix = storage.join(params.store, "teacher", models.slug(params.teacher),
                           f"ingest_date={params.ingest_date.isoformat()}")
     with stage_run.phase("write"):
-        shard = datasets.write_shard(prefix, _shard_stem(shard_uri), table, DATASET, dim=encoder.dim,
+        shard = datasets.write_shard(prefix, datasets.derived_stem(shard_uri), table, DATASET, dim=encoder.dim,
                                      model_id=params.teacher, value_type=params.output_dtype)
     stage_run.add_shard(shard)
     stage_run.stats = {"rows": shard.rows, "sentences_per_s": round(shard.rows / max(

@@ -19,7 +19,6 @@ shard's lineage (teacher shard + PCA artifact) is a manifest entry.
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from datetime import date
@@ -30,7 +29,7 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 from tqdm import tqdm
 
-from tasks import datasets, manifest, models, storage
+from tasks import datasets, manifest, models, sentences, storage
 from tasks.config import StageParams
 
 STAGE = "fit_pca"
@@ -98,13 +97,6 @@ class Projection:
                    tensors["explained_variance_ratio"], meta.get("mode", "uncentered"), int(meta.get("rows", 0)))
 
 
-@dataclass(frozen=True)
-class StageResult:
-    manifest_uri: str
-    skipped: bool
-    manifest: dict
-
-
 class MomentAccumulator:
     """Streaming count, mean and covariance of row vectors (float64, shifted for stability)."""
 
@@ -143,38 +135,38 @@ class MomentAccumulator:
                           variance / max(float(np.trace(covariance)), 1e-30), mode, self.rows)
 
 
-def sample_mask(sentence_ids: list[str], fraction: float, seed: int) -> np.ndarray:
-    """Rows kept by a seeded hash of the sentence id: uniform, deterministic, order-free."""
-    if fraction >= 1.0:
-        return np.ones(len(sentence_ids), dtype=bool)
-    scale = float(1 << 64)
-    return np.array([int.from_bytes(hashlib.blake2b(f"{seed}:{sid}".encode(), digest_size=8).digest(), "big")
-                     / scale < fraction for sid in sentence_ids], dtype=bool)
 
 
 def teacher_shards(store: str, teacher: str, partitions: list[date] | None) -> list[dict]:
-    """Manifest outputs of every encoded teacher shard of the selected partitions."""
-    slug = models.slug(teacher)
-    keys = manifest.list_keys(store, TEACHER_STAGE, slug)
-    if partitions is not None:
-        wanted = {f"{slug}/ingest_date={d.isoformat()}/" for d in partitions}
-        keys = [k for k in keys if any(k.startswith(w) for w in wanted)]
-    outputs = []
-    for key in keys:
-        outputs.extend((manifest.read(store, TEACHER_STAGE, key) or {"outputs": []})["outputs"])
+    """Manifest outputs of the teacher embeddings of every current sentences shard of the partitions
+    (default: every staged partition); a shard not encoded yet is an error naming it."""
+    if partitions is None:
+        partitions = [date.fromisoformat(key.removeprefix("ingest_date="))
+                      for key in manifest.list_keys(store, "stage_corpus")]
+    outputs, missing = [], []
+    for day in partitions:
+        for shard_uri in sentences.shards(store, day):
+            published = manifest.read(store, TEACHER_STAGE, datasets.teacher_shard_key(teacher, day, shard_uri))
+            if published is None:
+                missing.append(shard_uri)
+            else:
+                outputs.extend(published["outputs"])
+    if missing:
+        raise PCAError(f"{len(missing)} sentences shard(s) not encoded by {teacher!r} yet, e.g. {missing[0]}; "
+                       f"run encode-teacher first")
     return outputs
 
 
-def artifact_prefix(store: str, teacher: str, name: str) -> str:
-    return storage.join(store, "pca", models.slug(teacher), name)
-
-
 def load_projection(store: str, teacher: str, name: str) -> Projection:
-    uri = storage.join(artifact_prefix(store, teacher, name), "pca.safetensors")
+    """The projection a published PCA run lists."""
+    published = manifest.read(store, STAGE, f"{models.slug(teacher)}/{name}")
+    if published is None:
+        raise PCAError(f"{store}: no PCA run {name!r} for teacher {teacher!r}")
+    uri = next(o["uri"] for o in published["outputs"] if o["uri"].endswith("/pca.safetensors"))
     return Projection.from_safetensors(storage.read_bytes(uri), uri)
 
 
-def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> StageResult:
+def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Fit the projection over the teacher shards, publish it, and write the projected targets."""
     shards = teacher_shards(params.store, params.teacher, params.partitions)
     if not shards:
@@ -186,7 +178,7 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> St
         inputs=[{"uri": s["uri"], "sha256": s["sha256"], "rows": s["rows"], "bytes": s["bytes"]} for s in shards],
     )
     if not force and (done := stage_run.completed()) is not None:
-        return StageResult(stage_run.uri, skipped=True, manifest=done)
+        return manifest.StageResult(stage_run.uri, skipped=True, manifest=done)
 
     total_rows = sum(s["rows"] for s in shards)
     fraction = min(1.0, params.max_rows / total_rows) if params.max_rows else 1.0
@@ -194,13 +186,14 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> St
         accumulator = None
         for shard in tqdm(shards, desc="fit_pca accumulate", unit=" shard", disable=not progress):
             for ids, chunk in _chunks(shard["uri"]):
-                keep = sample_mask(ids, fraction, params.seed)
+                keep = sentences.hashed_below(ids, fraction, str(params.seed))
                 accumulator = accumulator or MomentAccumulator(chunk.shape[1])
                 accumulator.add(chunk[keep])
     with stage_run.phase("eigendecomposition"):
         projection = accumulator.fit(params.k, params.mode)
 
-    prefix = artifact_prefix(params.store, params.teacher, params.name)
+    # A folder per fingerprint: a rerun never overwrites what the published manifest lists.
+    prefix = storage.join(params.store, "pca", models.slug(params.teacher), params.name, stage_run.fingerprint[:12])
     artifact = projection.to_safetensors()
     summary = {"teacher": params.teacher, "mode": params.mode, "k": params.k, "dim": accumulator.dim,
                "rows_fitted": projection.rows, "rows_available": total_rows, "sample_fraction": fraction,
@@ -220,7 +213,7 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> St
                 stage_run.add_shard(_write_targets(shard["uri"], projection, targets_prefix, model_id))
     stage_run.stats = {key: summary[key] for key in ("rows_fitted", "rows_available",
                                                       "explained_variance_ratio_sum")}
-    return StageResult(stage_run.uri, skipped=False, manifest=stage_run.publish())
+    return manifest.StageResult(stage_run.uri, skipped=False, manifest=stage_run.publish())
 
 
 def target_shards(store: str, teacher: str, name: str) -> list[str]:

@@ -32,8 +32,19 @@ from tasks import storage
 MANIFEST_VERSION = 1
 KEY_PACKAGES = ("hpd-pipeline", "apache-airflow", "torch", "transformers", "sentence-transformers",
                 "pyarrow", "polars", "numpy", "faiss-cpu", "boto3", "great-expectations")
-_SECRET_KEY = re.compile(r"secret|password|passwd|token|credential|access_key", re.IGNORECASE)
+# Whole words only: "aws_secret_access_key" and "session_token" are secrets, "max_tokens" is not.
+_SECRET_KEY = re.compile(r"(^|_)(secret|password|passwd|token|credentials?|access_key|api_key)(_id)?$",
+                         re.IGNORECASE)
 _URI_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage run returns: where its manifest is, whether it was a skip, and the manifest."""
+
+    manifest_uri: str
+    skipped: bool
+    manifest: dict
 
 
 class ManifestError(ValueError):
@@ -62,7 +73,7 @@ def redact(value: Any) -> Any:
 def fingerprint(stage: str, key: str, inputs: list[dict], params: dict) -> str:
     canonical = json.dumps(
         {"stage": stage, "key": key, "inputs": sorted((i["uri"], i["sha256"]) for i in inputs),
-         "params": redact(params)},
+         "params": params},
         sort_keys=True, default=str,
     )
     return sha256_hex(canonical.encode())
@@ -222,6 +233,8 @@ def read(store: str, stage: str, key: str) -> dict | None:
         return json.loads(storage.read_bytes(uri))
     except storage.ObjectNotFound:
         return None
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{uri}: not a readable manifest ({exc})") from None
 
 
 def list_keys(store: str, stage: str, under: str = "") -> list[str]:

@@ -10,6 +10,7 @@ import hashlib
 import unicodedata
 from datetime import date
 
+import numpy as np
 import pyarrow as pa
 
 from tasks import contracts, manifest, storage
@@ -27,6 +28,16 @@ def normalise(text: str) -> str:
 def sentence_id(text: str) -> str:
     """Stable content hash of a normalised sentence: blake2b-128, hex. Part of the data contract."""
     return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def hashed_below(sentence_ids: list[str], fraction: float, salt: str) -> np.ndarray:
+    """Rows whose seeded hash of the sentence id falls below ``fraction``: a uniform, deterministic,
+    order-free selection (samples, validation splits)."""
+    if fraction >= 1.0:
+        return np.ones(len(sentence_ids), dtype=bool)
+    scale = float(1 << 64)
+    return np.array([int.from_bytes(hashlib.blake2b(f"{salt}:{sid}".encode(), digest_size=8).digest(), "big")
+                     / scale < fraction for sid in sentence_ids], dtype=bool)
 
 
 def partition_key(ingest_date: date) -> str:

@@ -16,7 +16,6 @@ import itertools
 import json
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import date
 from typing import Literal
 
@@ -49,20 +48,7 @@ class StageCorpusParams(StageParams):
     limit: int | None = Field(None, gt=0, description="read at most this many records (a sample)")
 
 
-@dataclass(frozen=True)
-class StageResult:
-    manifest_uri: str
-    skipped: bool
-    manifest: dict
-
-
-
-
-
-
-
-
-def run(params: StageCorpusParams, force: bool = False, progress: bool = False) -> StageResult:
+def run(params: StageCorpusParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Stage ``params.source`` into the ``sentences`` partition of ``params.ingest_date``."""
     key = sentences.partition_key(params.ingest_date)
     sources = _source_uris(params.source)
@@ -73,7 +59,7 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
                 for uri, data in raw.items()],
     )
     if not force and (done := stage_run.completed()) is not None:
-        return StageResult(stage_run.uri, skipped=True, manifest=done)
+        return manifest.StageResult(stage_run.uri, skipped=True, manifest=done)
     previous_outputs = {o["uri"] for o in (stage_run.previous() or {}).get("outputs", [])}
 
     with stage_run.phase("load_staged_ids"):
@@ -122,13 +108,7 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
     published = stage_run.publish()
     for stale in previous_outputs - {o["uri"] for o in published["outputs"]}:
         storage.delete(stale)
-    return StageResult(stage_run.uri, skipped=False, manifest=published)
-
-
-
-
-
-
+    return manifest.StageResult(stage_run.uri, skipped=False, manifest=published)
 
 
 def _source_uris(source: str) -> list[str]:
@@ -204,7 +184,9 @@ def _delimited_records(uri: str, text: str, column: str, tsv: bool) -> Iterator[
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if tsv else ",",
                         quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
     try:
-        header = next(reader)
+        header = next(reader, None)
+        if header is None:
+            raise CorpusInputError(f"{uri}: no header line")
         if column not in header:
             raise CorpusInputError(f"{uri}: no column {column!r} (columns: {header})")
         position = header.index(column)

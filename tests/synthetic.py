@@ -7,7 +7,7 @@ from datetime import date
 import numpy as np
 import pyarrow as pa
 
-from tasks import datasets, manifest, models, storage
+from tasks import datasets, manifest, models, sentences, storage
 
 
 def correlated_embeddings(rows: int, dim: int, seed: int = 0, offset: float = 0.5, mixing_seed: int = 0) -> np.ndarray:
@@ -21,21 +21,31 @@ def correlated_embeddings(rows: int, dim: int, seed: int = 0, offset: float = 0.
 
 def publish_teacher_shards(store: str, teacher: str, day: date, embeddings: np.ndarray, shard_rows: int,
                            first_shard: int = 0) -> list[str]:
-    """Write ``embeddings`` as teacher shards ``first_shard``, ... of partition ``day``, each with its
-    encode_teacher manifest."""
+    """Write ``embeddings`` as teacher shards ``first_shard``, ... of partition ``day`` the way the stages
+    do: a sentences shard each (added to the partition's stage_corpus manifest) and its teacher shard
+    with an encode_teacher manifest."""
     dim, uris = embeddings.shape[1], []
-    prefix = storage.join(store, "teacher", models.slug(teacher), f"ingest_date={day.isoformat()}")
+    sentences_prefix = storage.join(store, "sentences", f"ingest_date={day.isoformat()}")
+    teacher_prefix = storage.join(store, "teacher", models.slug(teacher), f"ingest_date={day.isoformat()}")
+    staged = manifest.StageRun(stage="stage_corpus", key=f"ingest_date={day.isoformat()}", store=store,
+                               params={"synthetic": first_shard}, inputs=[])
+    staged.outputs = list((staged.previous() or {"outputs": []})["outputs"])
     for index, start in enumerate(range(0, len(embeddings), shard_rows), start=first_shard):
         block = embeddings[start:start + shard_rows]
         ids = [f"{day:%Y%m%d}-{index}-{i}" for i in range(len(block))]
+        source = datasets.write_shard(sentences_prefix, f"part-{index:05d}", sentences.table(
+            {"sentence_id": ids, "text": ids, "source": ["synthetic"] * len(ids), "line": list(range(len(ids)))},
+            day), "sentences")
+        staged.add_shard(source)
         table = pa.table({"sentence_id": ids,
                           "embedding": pa.FixedSizeListArray.from_arrays(pa.array(block.ravel()), dim)})
-        shard = datasets.write_shard(prefix, f"sentences-part-{index:05d}", table, "teacher_embeddings",
+        shard = datasets.write_shard(teacher_prefix, datasets.derived_stem(source.uri), table, "teacher_embeddings",
                                      dim=dim, model_id=teacher)
-        run = manifest.StageRun(stage="encode_teacher", key=f"{models.slug(teacher)}/ingest_date={day}/{index}",
+        run = manifest.StageRun(stage="encode_teacher", key=datasets.teacher_shard_key(teacher, day, source.uri),
                                 store=store, params={"synthetic": True},
-                                inputs=[{"uri": shard.uri, "sha256": shard.sha256, "rows": shard.rows}])
+                                inputs=[{"uri": source.uri, "sha256": source.sha256, "rows": source.rows}])
         run.add_shard(shard)
         run.publish()
         uris.append(shard.uri)
+    staged.publish()
     return uris

@@ -54,8 +54,13 @@ def _params(prepared, **extra):
     return config.parse(distill.DistillParams, _values(prepared, **extra))
 
 
+def _run_file(store, name, path):
+    """A file of a published distill run (its outputs live in a folder per fingerprint)."""
+    return distill.model_prefix(store, name).removesuffix("/model") + "/" + path
+
+
 def _weights(store, name):
-    prefix = f"{store}/students/{name}/model"
+    prefix = distill.model_prefix(store, name)
     merged = load(storage.read_bytes(f"{prefix}/model.safetensors"))
     merged.update({f"dense.{k}": v for k, v in load(storage.read_bytes(f"{prefix}/2_Dense/model.safetensors")).items()})
     return merged
@@ -79,10 +84,10 @@ def test_training_lowers_validation_mse_and_exports(prepared):
     assert stats["steps"] == 3 * 13  # ceil(204 training rows / 16) per epoch
     assert stats["final"]["val_mse"] < stats["initial"]["val_mse"]
     assert stats["best_val_mse"] <= stats["final"]["val_mse"]
-    outputs = {o["uri"].split("/students/lowers/")[1] for o in result.manifest["outputs"]}
+    outputs = {o["uri"].split("/students/lowers/")[1].split("/", 1)[1] for o in result.manifest["outputs"]}
     assert {"model/modules.json", "model/2_Dense/config.json", "model/README.md", "losses.jsonl",
             "metrics.json"} <= outputs
-    losses = storage.read_bytes(f"{prepared['store']}/students/lowers/losses.jsonl").decode().splitlines()
+    losses = storage.read_bytes(_run_file(prepared["store"], "lowers", "losses.jsonl")).decode().splitlines()
     assert len(losses) == stats["steps"]
     assert distill.run(_params(prepared, init="random", epochs=3, name="lowers")).skipped
 
@@ -100,7 +105,7 @@ def test_exported_model_loads_in_sentence_transformers(prepared, tmp_path):
 
     distill.run(_params(prepared, max_steps=4, name="export"))
     folder = tmp_path / "export"
-    prefix = f"{prepared['store']}/students/export/model/"
+    prefix = distill.model_prefix(prepared["store"], "export") + "/"
     for uri in storage.list_uris(prefix):
         path = folder / uri[len(prefix):]
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +135,7 @@ def test_killed_run_resumes_to_the_same_weights(prepared):
     resumed = distill.run(config.parse(distill.DistillParams, killed))
     assert resumed.manifest["stats"]["init"]["resumed_from_step"] in (6, 9)
     assert _max_diff(_weights(prepared["store"], "killed"), _weights(prepared["store"], "straight")) < 1e-6
-    losses = [storage.read_bytes(f"{prepared['store']}/students/{n}/losses.jsonl") for n in ("killed", "straight")]
+    losses = [storage.read_bytes(_run_file(prepared["store"], n, "losses.jsonl")) for n in ("killed", "straight")]
     assert losses[0] == losses[1]
     assert straight.manifest["stats"]["steps"] == resumed.manifest["stats"]["steps"] == 12
 
@@ -151,7 +156,7 @@ def test_two_process_ddp_matches_single_process(prepared):
                           "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "--no-python", str(hpd),
                           "distill", *args, "--quiet"], env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    metrics = json.loads(storage.read_bytes(f"{prepared['store']}/students/ddp/metrics.json"))
+    metrics = json.loads(storage.read_bytes(_run_file(prepared["store"], "ddp", "metrics.json")))
     assert metrics["world_size"] == 2
     assert _max_diff(_weights(prepared["store"], "ddp"), _weights(prepared["store"], "single")) < 1e-4
     assert abs(metrics["best_val_mse"] - single.manifest["stats"]["best_val_mse"]) < 1e-6
@@ -175,7 +180,7 @@ def test_corrupted_checkpoint_is_named_and_nothing_is_published(prepared):
     with pytest.raises(distill.DistillError, match=f"{checkpoint}: corrupted"):
         distill.run(params)
     assert not storage.exists(f"{store}/manifests/distill/corrupt.json")
-    assert not storage.exists(f"{store}/students/corrupt/model/modules.json")
+    assert [u for u in storage.list_uris(f"{store}/students/corrupt") if "/checkpoints/" not in u] == []
 
 
 def test_bad_training_data_is_named(prepared, tmp_path):

@@ -69,3 +69,20 @@ def test_list_keys(store):
     _run(store).publish()
     assert manifest.list_keys(store, "demo_stage") == ["ingest_date=2026-11-30"]
     assert manifest.list_keys(store, "other") == []
+
+
+def test_parameters_that_merely_mention_tokens_still_count():
+    inputs = [{"uri": "file:///in", "sha256": "a" * 64}]
+    assert manifest.fingerprint("s", "k", inputs, {"translate_max_tokens": 128}) != \
+        manifest.fingerprint("s", "k", inputs, {"translate_max_tokens": 512})
+    shown = manifest.redact({"translate_max_tokens": 128, "session_token": "abc", "aws_secret_access_key": "x",
+                             "aws_access_key_id": "AKIA"})
+    assert shown == {"translate_max_tokens": 128, "session_token": "***", "aws_secret_access_key": "***",
+                     "aws_access_key_id": "***"}
+
+
+def test_unreadable_manifest_names_its_uri(store):
+    uri = manifest.manifest_uri(store, "demo_stage", "broken")
+    storage.write_bytes(uri, b"{not json")
+    with pytest.raises(manifest.ManifestError, match=f"{uri}: not a readable manifest"):
+        manifest.read(store, "demo_stage", "broken")
