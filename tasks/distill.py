@@ -39,6 +39,9 @@ from tasks.distill_data import Position, TrainingData, shard_pairs
 from tasks.student import Activation, Init
 
 STAGE = "distill"
+# Knobs that change how a run executes, not what it computes: outside the fingerprint, so changing
+# them resumes (or skips) instead of starting over; recorded in the manifest's stats.
+RUNTIME = {"threads", "checkpoint_every"}
 
 
 class DistillError(ValueError):
@@ -117,7 +120,7 @@ def run(params: DistillParams, force: bool = False, progress: bool = False) -> m
     dist = _init_distributed()
     pairs = shard_pairs(params.store, params.teacher, params.pca_name, params.partitions)
     stage_run = manifest.StageRun(
-        stage=STAGE, key=params.name, store=params.store, params=params.model_dump(mode="json"),
+        stage=STAGE, key=params.name, store=params.store, params=params.model_dump(mode="json", exclude=RUNTIME),
         inputs=[item for p in pairs for item in (
             {"uri": p.sentences_uri, "sha256": p.sha256[0], "rows": p.rows},
             {"uri": p.targets_uri, "sha256": p.sha256[1], "rows": p.rows})],
@@ -135,7 +138,7 @@ def run(params: DistillParams, force: bool = False, progress: bool = False) -> m
     with stage_run.phase("train"):
         init_record = trainer.restore_or_initialise(force)
         trainer.train(progress)
-    stage_run.stats = trainer.summary(init_record)
+    stage_run.stats = {**trainer.summary(init_record), "runtime": params.model_dump(mode="json", include=RUNTIME)}
     if not dist.leader:
         return manifest.StageResult(stage_run.uri, skipped=False, manifest={"stats": stage_run.stats, "outputs": []})
     with stage_run.phase("export"):
@@ -331,12 +334,18 @@ class Trainer:
     def _save_checkpoint(self) -> None:
         import torch
 
+        rng = [_rng_states()]
+        if self.dist.world > 1:  # every rank's dropout stream, so a resumed DDP run continues each one
+            import torch.distributed as torch_dist
+
+            rng = [None] * self.dist.world
+            torch_dist.all_gather_object(rng, _rng_states())
         if not self.dist.leader:
             return
         payload = {
             "fingerprint": self.fingerprint, "model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(), "scaler": self.scaler.state_dict(),
-            "best_weights": self.best_weights, "state": _state_to_dict(self.state), "rng": _rng_states(),
+            "best_weights": self.best_weights, "state": _state_to_dict(self.state), "rng": rng,
         }
         buffer = io.BytesIO()
         torch.save(payload, buffer)
@@ -359,7 +368,7 @@ class Trainer:
             self.scaler.load_state_dict(payload["scaler"])
             self.best_weights = payload["best_weights"]
             self.state = _state_from_dict(payload["state"])
-            _restore_rng(payload["rng"])
+            _restore_rng(payload["rng"][self.dist.rank])
         except Exception as exc:  # a damaged file fails in many ways (unpickling, zip, shapes, missing keys)
             raise DistillError(f"{uri}: corrupted or incompatible checkpoint ({type(exc).__name__}: {exc}); "
                                f"rerun with --force to start over") from None

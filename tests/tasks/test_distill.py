@@ -197,3 +197,31 @@ def test_bad_training_data_is_named(prepared, tmp_path):
         distill.run(_params(prepared, val_fraction=1e-9, name="empty-val"))
     with pytest.raises(config.ConfigError, match="grad_accum"):
         _params(prepared, batch_size=10, grad_accum=3)
+
+
+@pytest.mark.timeout(120)
+def test_an_epoch_ending_in_validation_only_shards_moves_on(prepared, tmp_path):
+    """A batch that fills exactly at the end of the last shard with training rows must not stall the loop
+    when the epoch's remaining shards hold only validation rows."""
+    from tasks.distill_data import TrainingData, is_validation
+
+    candidates = [f"id-{i}" for i in range(200)]
+    held_out = is_validation(candidates, 0.5, 0)
+    train_ids = [c for c, h in zip(candidates, held_out, strict=True) if not h][:8]
+    val_ids = [c for c, h in zip(candidates, held_out, strict=True) if h][:4]
+    pairs = []
+    for name, ids in (("a", train_ids), ("b", val_ids)):
+        sentences_uri = storage.to_uri(str(tmp_path / f"{name}-sentences.parquet"))
+        targets_uri = storage.to_uri(str(tmp_path / f"{name}-targets.parquet"))
+        storage.write_parquet(sentences_uri, pa.table({"sentence_id": ids, "text": [f"text {i}" for i in ids]}))
+        values = np.random.default_rng(0).uniform(-0.1, 0.1, (len(ids), 8)).astype(np.float32)
+        storage.write_parquet(targets_uri, pa.table({
+            "sentence_id": ids, "target": pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), 8)}))
+        pairs.append(ShardPair(sentences_uri, targets_uri, ("", ""), len(ids)))
+    data = TrainingData(pairs, seed=0, val_fraction=0.5, val_max_rows=10)
+    assert data.train_rows == 8 and len(data.val_texts) == 4
+    params = _params(prepared, batch_size=4, epochs=4, name="validation-only-tail", init="random")
+    trainer = distill.Trainer(params, data, "cpu", distill.Distributed(), "test")
+    trainer.restore_or_initialise(force=True)
+    trainer.train(progress=False)
+    assert trainer.state.step == 8
