@@ -37,6 +37,8 @@ COMMANDS: dict[str, Command] = {
                               "encode a sentences partition with the teacher, shard by shard"),
     "fit-pca": Command("tasks.fit_pca", "FitPCAParams",
                        "fit the PCA projection over teacher embeddings and write the projected targets"),
+    "build-index": Command("tasks.build_index", "BuildIndexParams",
+                           "encode the corpus with a distilled student, build a FAISS index and promote it"),
     "distill": Command("tasks.distill", "DistillParams",
                        "train the student on the projected targets (torchrun for several processes) and export it"),
 }
@@ -70,12 +72,33 @@ def build_parser() -> argparse.ArgumentParser:
         stage_parser.add_argument("--force", action="store_true",
                                   help="rerun even if a matching manifest exists")
         stage_parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    search = sub.add_parser("search", help="nearest corpus sentences from the current index",
+                            description="nearest corpus sentences from the current index")
+    search.add_argument("query")
+    search.add_argument("-k", type=int, default=5, help="how many results")
+    search.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
     return parser
+
+
+def _search(args: dict) -> int:
+    from tasks import build_index
+
+    store = storage.to_uri(args["store"]) if args["store"] else config.default_store()
+    try:
+        hits = build_index.search(store, args["query"], args["k"])
+    except (ValueError, storage.StorageError) as exc:
+        print(f"hpd: error: {exc}", file=sys.stderr)
+        return 1
+    for hit in hits:
+        print(f"{hit['rank']:>3}  {hit['score']:.4f}  {hit['text']}")
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = vars(parser.parse_args(argv))
+    if args["command"] == "search":
+        return _search(args)
     command = COMMANDS[args.pop("command")]
     force, quiet = args.pop("force"), args.pop("quiet")
     module = importlib.import_module(command.module)

@@ -1,0 +1,130 @@
+import json
+import threading
+from datetime import date
+
+import pytest
+
+from tasks import build_index, cli, config, contracts, distill, encode_teacher, fit_pca, stage_corpus, storage
+from tests.tiny_models import build_sentence_model
+
+DAY = date(2026, 11, 1)
+TEXTS = [f"sentence {i} about {topic} and {i % 13}" for i, topic in
+         enumerate(["cats", "markets", "rain", "music", "football", "trains"] * 50)]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A store with 300 staged sentences and a distilled tiny student (k=8) published as run 'tiny'."""
+    root = tmp_path_factory.mktemp("index")
+    (root / "raw.txt").write_text("\n".join(TEXTS))
+    teacher = str(build_sentence_model(root / "teacher", hidden=48, seed=1))
+    student = str(build_sentence_model(root / "student", hidden=32, seed=2))
+    uri = storage.to_uri(str(root / "store"))
+    stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, {"store": uri, "source": str(root / "raw.txt"),
+                                                                   "ingest_date": DAY, "shard_rows": 120}))
+    encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams,
+                                    {"store": uri, "teacher": teacher, "ingest_date": DAY}))
+    fit_pca.run(config.parse(fit_pca.FitPCAParams, {"store": uri, "teacher": teacher, "k": 8}))
+    distill.run(config.parse(distill.DistillParams, {
+        "store": uri, "teacher": teacher, "student": student, "pca_name": "k8-uncentered", "max_steps": 2,
+        "batch_size": 16, "val_fraction": 0.1, "name": "tiny", "threads": 1}))
+    return uri
+
+
+def _build(store, **extra):
+    return build_index.run(config.parse(build_index.BuildIndexParams, {"store": store, "model_run": "tiny", **extra}))
+
+
+def test_flat_index_is_exact_promoted_and_searchable(store, capsys):
+    result = _build(store, index_type="flat", name="flat")
+    stats = result.manifest["stats"]
+    assert stats["rows"] == 300 and stats["dim"] == 8 and stats["recall_at_10"] == 1.0
+    assert stats["queries_per_s_batch1"] > 0 and stats["bytes"] >= 300 * 8 * 4
+    pointer = json.loads(storage.read_bytes(build_index.current_pointer_uri(store)))
+    assert pointer["manifest"] == result.manifest_uri and storage.exists(pointer["index"])
+    ids = storage.read_parquet(pointer["ids"])
+    assert contracts.identify(ids.schema) == ("index_ids", 1) and ids.num_rows == 300
+    embeddings = [o for o in result.manifest["outputs"] if o["contract"] == "student_embeddings"]
+    assert sum(o["rows"] for o in embeddings) == 300
+    hits = build_index.search(store, TEXTS[7], k=3)
+    assert hits[0]["text"] == TEXTS[7] and hits[0]["score"] == pytest.approx(1.0, abs=1e-4)
+    assert cli.main(["search", TEXTS[7], "-k", "2", "--store", store]) == 0
+    assert TEXTS[7] in capsys.readouterr().out
+    assert _build(store, index_type="flat", name="flat").skipped
+
+
+@pytest.mark.parametrize(("index_type", "extra", "factory"), [
+    ("hnsw", {"hnsw_m": 8}, "HNSW8,Flat"),
+    ("ivf_flat", {"nlist": 4, "nprobe": 4}, "IVF4,Flat"),
+    ("ivf_pq", {"nlist": 4, "nprobe": 4, "pq_m": 4, "pq_bits": 4}, "IVF4,PQ4x4"),
+    ("flat", {"sq8": True}, "SQ8"),
+])
+def test_index_types(store, index_type, extra, factory):
+    result = _build(store, index_type=index_type, name=f"t-{index_type}-{len(extra)}", promote=False, **extra)
+    stats = result.manifest["stats"]
+    assert stats["factory"] == factory
+    assert 0.3 <= stats["recall_at_10"] <= 1.0
+
+
+def test_auto_picks_by_size():
+    assert build_index.choose_type("auto", 50_000) == "flat"
+    assert build_index.choose_type("auto", 500_000) == "hnsw"
+    assert build_index.choose_type("auto", 5_000_000) == "ivf_pq"
+    assert build_index.choose_type("hnsw", 10) == "hnsw"
+
+
+def test_concurrent_promotions_have_one_winner(store):
+    seen = build_index._read_pointer(store)
+    published = [_build(store, index_type="flat", name=f"race-{i}", promote=False) for i in range(2)]
+    barrier, outcomes = threading.Barrier(2), []
+
+    def promote(result):
+        barrier.wait()
+        try:
+            outcomes.append(build_index.promote(store, result.manifest_uri, result.manifest, seen)["run_id"])
+        except build_index.PromotionConflict as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=promote, args=(r,)) for r in published]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [o for o in outcomes if isinstance(o, str)]
+    assert len(winners) == 1 and sum(isinstance(o, build_index.PromotionConflict) for o in outcomes) == 1
+    pointer = json.loads(storage.read_bytes(build_index.current_pointer_uri(store)))
+    assert pointer["run_id"] == winners[0] and storage.exists(pointer["index"]) and storage.exists(pointer["ids"])
+
+
+def test_missing_objects_leave_the_pointer_alone(store):
+    before = storage.read_bytes(build_index.current_pointer_uri(store))
+    result = _build(store, index_type="flat", name="broken", promote=False)
+    index_uri = next(o["uri"] for o in result.manifest["outputs"] if o["uri"].endswith("index.faiss"))
+    storage.delete(index_uri)
+    with pytest.raises(build_index.IndexBuildError, match=f"{index_uri}: missing"):
+        build_index.promote(store, result.manifest_uri, result.manifest, build_index._read_pointer(store))
+    assert storage.read_bytes(build_index.current_pointer_uri(store)) == before
+
+
+def test_a_pointer_naming_a_missing_index_is_a_clear_error(tmp_path, store):
+    other = storage.to_uri(str(tmp_path / "other"))
+    pointer = json.loads(storage.read_bytes(build_index.current_pointer_uri(store)))
+    storage.write_bytes(build_index.current_pointer_uri(other), json.dumps(
+        {**pointer, "index": f"{other}/indexes/gone/index.faiss"}).encode())
+    with pytest.raises(build_index.IndexBuildError, match="gone/index.faiss, which does not exist"):
+        build_index.search(other, "anything")
+    with pytest.raises(build_index.IndexBuildError, match="no index promoted yet"):
+        build_index.search(storage.to_uri(str(tmp_path / "empty")), "anything")
+
+
+def test_bad_requests(store):
+    with pytest.raises(build_index.IndexBuildError, match="no published distill run 'nope'"):
+        _build(store, model_run="nope")
+    with pytest.raises(build_index.IndexBuildError, match="pq_m=3 does not divide the dimension 8"):
+        _build(store, index_type="ivf_pq", pq_m=3, name="bad-pq", promote=False)
+
+
+def test_bad_settings_write_nothing(store):
+    with pytest.raises(build_index.IndexBuildError, match="pq_m=3"):
+        _build(store, index_type="ivf_pq", pq_m=3, name="nothing-written", promote=False)
+    assert storage.list_uris(f"{store}/indexes/nothing-written") == []
