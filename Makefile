@@ -38,6 +38,8 @@ demo: venv
 	$(HPD) encode-teacher --ingest-date $(DEMO_DATE) --dtype bf16
 	$(HPD) fit-pca --k 128 --partitions $(DEMO_DATE)
 	$(HPD) distill --epochs 1 --batch-size 64 --amp bf16 --eval-every 20 --name demo-student
+	$(HPD) build-index --model-run demo-student
+	$(HPD) search "A man is playing a guitar." -k 3
 	@HPD_STORE=$(STORE) $(BIN)/python -c "from tasks import config, distill; \
 		print('student model (sentence-transformers folder):', distill.model_prefix(config.default_store(), 'demo-student'))"
 
