@@ -18,6 +18,7 @@ from pathlib import Path
 
 from bench import results
 from tasks import augment, config, distill, encode_teacher, fit_pca, models, sentences, stage_corpus, storage, sts
+from tasks.projection import load_projection
 
 ROOT = Path(__file__).parents[1]
 STORE = storage.to_uri(str(ROOT / "var" / "bench" / "distill_quality"))
@@ -83,7 +84,7 @@ def main() -> dict:
                    for t in storage.read_parquet(uri, columns=["text"]).column("text").to_pylist()][:8000]
     table: dict[str, dict] = {}
     teacher = SentenceEncoder.load(models.DEFAULT_TEACHER)
-    projection = fit_pca.load_projection(STORE, models.DEFAULT_TEACHER, "k128-uncentered")
+    projection = load_projection(STORE, models.DEFAULT_TEACHER, "k128-uncentered")
     table["teacher all-mpnet-base-v2 (768-d)"] = _scores(lambda t: teacher.encode(t, dtype="bf16"))
     table["teacher + PCA-128 (the targets)"] = _scores(lambda t: projection.apply(teacher.encode(t, dtype="bf16")))
     runs = {}

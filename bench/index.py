@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import distill_quality, results
-from tasks import build_index, datasets, manifest, models, sentences, storage
+from tasks import build_index, datasets, manifest, models, sentences, storage, student
 
 STUDENT_RUN = "MiniLM-L6"
 QUERIES = 1000
@@ -45,9 +45,9 @@ def main() -> dict:
         published = manifest.read(store, "encode_teacher", datasets.teacher_shard_key(models.DEFAULT_TEACHER, day, uri))
         teacher.append(_vectors(storage.read_parquet(published["outputs"][0]["uri"]), "embedding"))
     with tempfile.TemporaryDirectory() as scratch:
-        student_model = SentenceEncoder.load(str(build_index.model_folder(store, STUDENT_RUN, Path(scratch))))
-        student = student_model.encode(texts, batch_size=128)
-    vectors = {"teacher": np.concatenate(teacher), "student": np.ascontiguousarray(student)}
+        student_model = SentenceEncoder.load(str(student.fetch_exported(store, STUDENT_RUN, Path(scratch))))
+        student_vectors = student_model.encode(texts, batch_size=128)
+    vectors = {"teacher": np.concatenate(teacher), "student": np.ascontiguousarray(student_vectors)}
     queries_at = np.random.default_rng(0).choice(len(texts), QUERIES, replace=False)
     measured, neighbours = {}, {}
     for name, x in vectors.items():

@@ -27,7 +27,7 @@ import pyarrow as pa
 from pydantic import Field
 from tqdm import tqdm
 
-from tasks import datasets, manifest, sentences, storage
+from tasks import datasets, manifest, sentences, storage, student
 from tasks.config import StageParams
 
 STAGE = "build_index"
@@ -63,18 +63,6 @@ def current_pointer_uri(store: str) -> str:
     return storage.join(store, "indexes", "current.json")
 
 
-def model_folder(store: str, run: str, into: Path) -> Path:
-    """Download the exported student of distill run ``run`` into ``into``."""
-    published = manifest.read(store, "distill", run)
-    if published is None:
-        raise IndexBuildError(f"{store}: no published distill run {run!r}")
-    files = [o["uri"] for o in published["outputs"] if "/model/" in o["uri"]]
-    prefix = files[0][: files[0].index("/model/") + len("/model/")]
-    for uri in files:
-        path = into / uri[len(prefix):]
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(storage.read_bytes(uri))
-    return into
 
 
 def choose_type(requested: str, rows: int) -> str:
@@ -125,7 +113,7 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
         return manifest.StageResult(stage_run.uri, skipped=True, manifest=done)
     prefix = storage.join(params.store, "indexes", name, stage_run.fingerprint[:12])
     with tempfile.TemporaryDirectory() as scratch, stage_run.phase("encode"):
-        encoder = SentenceEncoder.load(str(model_folder(params.store, params.model_run, Path(scratch))))
+        encoder = SentenceEncoder.load(str(student.fetch_exported(params.store, params.model_run, Path(scratch))))
         rows = sum(item["rows"] for item in stage_run.inputs[1:])
         index_type = choose_type(params.index_type, rows)
         factory = factory_string(index_type, rows, encoder.dim, params)  # bad settings fail before any write
@@ -241,7 +229,7 @@ def search(store: str, query: str, k: int = 5) -> list[dict]:
     index = faiss.deserialize_index(np.frombuffer(storage.read_bytes(pointer["index"]), dtype=np.uint8))
     ids = storage.read_parquet(pointer["ids"])
     with tempfile.TemporaryDirectory() as scratch:
-        encoder = SentenceEncoder.load(str(model_folder(store, pointer["model_run"], Path(scratch))))
+        encoder = SentenceEncoder.load(str(student.fetch_exported(store, pointer["model_run"], Path(scratch))))
         vector = encoder.encode([query])
     if vector.shape[1] != index.d:
         raise IndexBuildError(f"{pointer['index']}: index dimension {index.d} differs from the model's "

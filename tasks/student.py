@@ -10,11 +10,13 @@ Three initialisations of the head, which matter most at small training budgets:
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
 import torch
 
+from tasks import manifest, storage
 from tasks.encoder import Dense, SentenceEncoder
 
 Init = Literal["ridge", "pca", "random"]
@@ -93,3 +95,16 @@ def initialise_head(encoder: SentenceEncoder, init: Init, texts: list[str], targ
         encoder.dense.linear.weight.copy_(torch.as_tensor(weight, dtype=torch.float32))
         encoder.dense.linear.bias.copy_(torch.as_tensor(bias, dtype=torch.float32))
     return {"init": init, "rows": len(texts), **({"ridge_alpha": ridge_alpha} if init == "ridge" else {})}
+
+def fetch_exported(store: str, run: str, into: Path) -> Path:
+    """Download the exported student of distill run ``run`` into ``into``."""
+    published = manifest.read(store, "distill", run)
+    if published is None:
+        raise StudentError(f"{store}: no published distill run {run!r}")
+    files = [o["uri"] for o in published["outputs"] if "/model/" in o["uri"]]
+    prefix = files[0][: files[0].index("/model/") + len("/model/")]
+    for uri in files:
+        path = into / uri[len(prefix):]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(storage.read_bytes(uri))
+    return into

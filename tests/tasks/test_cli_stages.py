@@ -2,7 +2,8 @@
 
 import json
 
-from tasks import cli, fit_pca
+from tasks import cli
+from tasks.projection import load_projection
 from tests.tiny_models import build_sentence_model
 
 
@@ -26,5 +27,5 @@ def test_the_chain_runs_from_the_cli(tmp_path, capsys):
     encoded = summaries[2]["stats"]
     assert encoded["rows"] == 60 + summaries[1]["stats"]["rows_written"] and encoded["shards"] >= 4
     assert summaries[3]["stats"]["rows_fitted"] == encoded["rows"]
-    projection = fit_pca.load_projection(f"file://{tmp_path}/store", str(model), "k8-uncentered")
+    projection = load_projection(f"file://{tmp_path}/store", str(model), "k8-uncentered")
     assert projection.components.shape == (8, 32)

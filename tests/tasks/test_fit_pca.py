@@ -6,6 +6,7 @@ from safetensors.numpy import load
 from sklearn.decomposition import PCA
 
 from tasks import config, contracts, fit_pca, manifest, storage
+from tasks.projection import load_projection
 from tests.synthetic import correlated_embeddings, publish_teacher_shards
 
 TEACHER = "synthetic-teacher"
@@ -32,7 +33,7 @@ def _params(store, **extra):
 @pytest.mark.parametrize("mode", ["uncentered", "centered"])
 def test_agrees_with_scikit_learn(store, embeddings, mode):
     result = fit_pca.run(_params(store, mode=mode))
-    projection = fit_pca.load_projection(store, TEACHER, f"k6-{mode}")
+    projection = load_projection(store, TEACHER, f"k6-{mode}")
     reference = PCA(n_components=6).fit(embeddings.astype(np.float64))
     signs = np.sign((projection.components * reference.components_).sum(axis=1))
     np.testing.assert_allclose(projection.components * signs[:, None], reference.components_, atol=1e-6)
@@ -71,7 +72,7 @@ def test_row_cap_samples_deterministically(store, embeddings):
     assert 850 < rows < 1150
     again = fit_pca.run(_params(store, max_rows=1000, name="capped", write_targets=False), force=True)
     assert again.manifest["stats"]["rows_fitted"] == rows
-    first, second = (fit_pca.load_projection(store, TEACHER, "capped") for _ in range(2))
+    first, second = (load_projection(store, TEACHER, "capped") for _ in range(2))
     np.testing.assert_array_equal(first.components, second.components)
 
 
