@@ -1,0 +1,92 @@
+import json
+from datetime import date
+
+import pytest
+
+from tasks import config, distill, encode_teacher, fit_pca, stage_corpus, storage, validate
+from tests.tiny_models import build_sentence_model
+
+DAY = date(2026, 11, 1)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """Staged + encoded + projected (k=8) corpus and two distilled tiny students, 'good' and 'short'."""
+    import gzip
+    from pathlib import Path
+
+    root = tmp_path_factory.mktemp("validate")
+    with gzip.open(Path(__file__).parents[2] / "data" / "corpus" / "sentences.tsv.gz", "rt") as f:
+        next(f)
+        (root / "raw.txt").write_text("\n".join(next(f).rstrip("\n").split("\t", 1)[1] for _ in range(300)))
+    teacher = str(build_sentence_model(root / "teacher", hidden=48, seed=1))
+    student = str(build_sentence_model(root / "student", hidden=32, seed=2))
+    uri = storage.to_uri(str(root / "store"))
+    stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, {"store": uri, "source": str(root / "raw.txt"),
+                                                                   "ingest_date": DAY, "shard_rows": 150}))
+    encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams,
+                                    {"store": uri, "teacher": teacher, "ingest_date": DAY}))
+    fit_pca.run(config.parse(fit_pca.FitPCAParams, {"store": uri, "teacher": teacher, "k": 8}))
+    for name, steps in (("good", 20), ("short", 1)):
+        distill.run(config.parse(distill.DistillParams, {
+            "store": uri, "teacher": teacher, "student": student, "pca_name": "k8-uncentered", "max_steps": steps,
+            "batch_size": 16, "lr": 1e-3, "val_fraction": 0.1, "name": name, "threads": 1}))
+    return uri
+
+
+def _validate(store, **extra):
+    return validate.run(config.parse(validate.ValidateParams, {"store": store, "retrieval_sample": 100, **extra}))
+
+
+def test_first_run_compares_with_the_baseline_and_promotes(store, tmp_path):
+    pairs = tmp_path / "pairs.csv"
+    pairs.write_text("sentence1,sentence2,score\nA cat sleeps.,A cat is sleeping.,5\nA cat sleeps.,Stocks fell.,0\n"
+                     "Rain today.,It rains today.,4\n")
+    result = _validate(store, model_run="good", pair_files=[str(pairs)], max_regression=100.0)
+    stats = result.manifest["stats"]
+    assert set(stats["sts"]) == {"teacher", "teacher + PCA", "student", "baseline (base model + PCA)"}
+    assert set(stats["sts"]["student"]) == {"STS-B test", "SICK-R test", "pairs.csv"}
+    assert all(-100 <= v <= 100 for row in stats["sts"].values() for v in row.values())
+    assert 0 <= stats["retrieval"]["recall_at_10_vs_teacher"] <= 1 and 0 < stats["retrieval"]["mrr_stsb_ge4"] <= 1
+    assert stats["fidelity"]["val_mse"] > 0
+    assert stats["gate"] == {"passed": True, "reasons": ["all checks passed"], "reference": "baseline",
+                             "reference_scores": {k: stats["sts"]["baseline (base model + PCA)"][k]
+                                                  for k in validate.GATED}}
+    current = json.loads(storage.read_bytes(validate.current_model_uri(store)))
+    assert current["model_run"] == "good" and current["scores"] == stats["sts"]["student"]
+    assert _validate(store, model_run="good", pair_files=[str(pairs)], max_regression=100.0).skipped
+
+
+def test_the_gate_refuses_and_the_pointer_stays(store):
+    before = storage.read_bytes(validate.current_model_uri(store))
+    result = _validate(store, model_run="short", min_stsb=99.0, max_regression=0.0)
+    gate = result.manifest["stats"]["gate"]
+    assert gate["passed"] is False
+    assert any("below the minimum 99.00" in reason for reason in gate["reasons"])
+    assert gate["reference"] == "promoted model good"
+    assert storage.read_bytes(validate.current_model_uri(store)) == before
+
+
+def test_gate_rules_by_hand():
+    params = config.parse(validate.ValidateParams, {"model_run": "x", "min_sickr": 70, "max_regression": 1.0})
+    reference = {"STS-B test": 80.0, "SICK-R test": 75.0}
+    ok = validate.gate({"STS-B test": 79.5, "SICK-R test": 74.5}, reference, "baseline", params)
+    assert ok["passed"]
+    bad = validate.gate({"STS-B test": 78.9, "SICK-R test": 69.0}, reference, "baseline", params)
+    assert not bad["passed"] and len(bad["reasons"]) == 3
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    ("first,second,score\na,b,1\n", "missing \\['sentence1', 'sentence2'\\]"),
+    ("sentence1,sentence2,score\na,b,high\n", "line 2: score 'high' is not a number"),
+])
+def test_bad_pair_files_are_named(tmp_path, content, message):
+    path = tmp_path / "pairs.csv"
+    path.write_text(content)
+    with pytest.raises(validate.ValidationError, match=message):
+        validate.read_pairs(storage.to_uri(str(path)))
+
+
+def test_unknown_model_run(store):
+    with pytest.raises(validate.ValidationError, match="no published distill run 'nope'"):
+        _validate(store, model_run="nope")
