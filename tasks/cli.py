@@ -37,6 +37,8 @@ COMMANDS: dict[str, Command] = {
                               "encode a sentences partition with the teacher, shard by shard"),
     "fit-pca": Command("tasks.fit_pca", "FitPCAParams",
                        "fit the PCA projection over teacher embeddings and write the projected targets"),
+    "quality": Command("tasks.quality", "QualityParams",
+                       "great-expectations checks of a partition's sentences, embeddings and targets"),
     "validate": Command("tasks.validate", "ValidateParams",
                         "score a distilled student (STS, fidelity, retrieval), apply the quality gate, promote"),
     "build-index": Command("tasks.build_index", "BuildIndexParams",

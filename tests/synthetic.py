@@ -32,9 +32,10 @@ def publish_teacher_shards(store: str, teacher: str, day: date, embeddings: np.n
     staged.outputs = list((staged.previous() or {"outputs": []})["outputs"])
     for index, start in enumerate(range(0, len(embeddings), shard_rows), start=first_shard):
         block = embeddings[start:start + shard_rows]
-        ids = [f"{day:%Y%m%d}-{index}-{i}" for i in range(len(block))]
+        texts = [f"synthetic sentence {day:%Y%m%d}-{index}-{i}" for i in range(len(block))]
+        ids = [sentences.sentence_id(t) for t in texts]
         source = datasets.write_shard(sentences_prefix, f"part-{index:05d}", sentences.table(
-            {"sentence_id": ids, "text": ids, "source": ["synthetic"] * len(ids), "line": list(range(len(ids)))},
+            {"sentence_id": ids, "text": texts, "source": ["synthetic"] * len(ids), "line": list(range(len(ids)))},
             day), "sentences")
         staged.add_shard(source)
         table = pa.table({"sentence_id": ids,
