@@ -28,7 +28,11 @@ $(WORDNET): | $(INSTALLED)
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base wordnet-sense-index; }
 	$(BIN)/python -m tasks.wordnet
 
-venv: $(INSTALLED) $(WORDNET)
+# Headless Chromium for the report's screenshot test (Debian's package).
+/usr/bin/chromium:
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
+
+venv: $(INSTALLED) $(WORDNET) /usr/bin/chromium
 
 # The pipeline as far as it exists, on a sample of the vendored corpus in the embedded store.
 demo: venv

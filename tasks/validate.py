@@ -136,15 +136,24 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
                      "corpus_sample": len(corpus_ids), "stsb_pairs_ge4": int(close.sum()),
                      "mrr_stsb_ge4": round(metrics.mean_reciprocal_rank(
                          model.encode(list(np.array(stsb.first)[close])), model.encode(candidates), answers), 4)}
+        plots = {"explained_variance_ratio": projection.explained_variance_ratio,
+                 "sts_scatter": (sts.cosine(model.encode(stsb.first), model.encode(stsb.second)), stsb.scores),
+                 "norms": {"teacher": np.linalg.norm(teacher_vectors, axis=1),
+                           "student": np.linalg.norm(student_corpus, axis=1)},
+                 **_training_curves(distilled)}
     reference_name, reference = ("promoted model " + current_before[0]["model_run"], current_before[0]["scores"]) \
         if current_before[0] else ("baseline", table["baseline (base model + PCA)"])
     decision = gate(table["student"], reference, reference_name, params)
     report = {"sts": table, "fidelity": distilled["stats"].get("exported"), "retrieval": retrieval,
               "gate": decision}
-    body = json.dumps(report, indent=2).encode()
-    uri = storage.join(params.store, "validation", params.model_run, stage_run.fingerprint[:12], "metrics.json")
-    storage.write_bytes(uri, body)
-    stage_run.add_output(uri, manifest.sha256_hex(body), len(body), None)
+    from tasks.report import render
+
+    lineage = [*stage_run.inputs, *distilled["inputs"]]
+    page = render(f"Validation of {params.model_run}", report, plots, lineage, _quality_results(params.store))
+    prefix = storage.join(params.store, "validation", params.model_run, stage_run.fingerprint[:12])
+    for name, body in (("metrics.json", json.dumps(report, indent=2).encode()), ("report.html", page.encode())):
+        storage.write_bytes(storage.join(prefix, name), body)
+        stage_run.add_output(storage.join(prefix, name), manifest.sha256_hex(body), len(body), None)
     stage_run.stats = report
     published = stage_run.publish()
     if decision["passed"] and params.promote:
@@ -172,6 +181,24 @@ def promote_model(store: str, model_run: str, scores: dict, manifest_uri: str, e
     except storage.PreconditionFailed:
         raise ValidationError(f"{current_model_uri(store)}: another promotion happened since this validation "
                               f"started; {model_run} was not promoted") from None
+
+
+def _training_curves(distilled: dict) -> dict:
+    """Per-step training losses and the validation evaluations of a distill run, from its outputs."""
+    uris = {o["uri"].rsplit("/", 1)[-1]: o["uri"] for o in distilled["outputs"]}
+    losses = [json.loads(line) for line in storage.read_bytes(uris["losses.jsonl"]).decode().splitlines()]
+    evals = json.loads(storage.read_bytes(uris["metrics.json"]))["evals"]
+    return {"losses": [(item["step"], item["loss"]) for item in losses] or [(0, np.nan)], "evals": evals}
+
+
+def _quality_results(store: str) -> list[dict]:
+    """The data-quality checks published for every staged partition (those that ran)."""
+    results = []
+    for key in manifest.list_keys(store, "quality"):
+        published = manifest.read(store, "quality", key)
+        for output in published["outputs"]:
+            results.extend(json.loads(storage.read_bytes(output["uri"]))["checks"])
+    return results
 
 
 def _read_current(store: str) -> tuple[dict | None, str | None]:

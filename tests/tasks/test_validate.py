@@ -90,3 +90,35 @@ def test_bad_pair_files_are_named(tmp_path, content, message):
 def test_unknown_model_run(store):
     with pytest.raises(validate.ValidationError, match="no published distill run 'nope'"):
         _validate(store, model_run="nope")
+
+
+def test_report_renders_offline_in_headless_chromium(store, tmp_path):
+    import subprocess
+
+    import numpy as np
+    from PIL import Image
+
+    from tasks import manifest, quality
+
+    teacher = manifest.read(store, "distill", "good")["params"]["teacher"]
+    quality.run(config.parse(quality.QualityParams, {"store": store, "ingest_date": DAY, "teacher": teacher,
+                                                     "pca_name": "k8-uncentered"}))
+    result = _validate(store, model_run="good", max_regression=100.0, promote=False, retrieval_sample=120)
+    page_uri = next(o["uri"] for o in result.manifest["outputs"] if o["uri"].endswith("report.html"))
+    page = storage.read_bytes(page_uri).decode()
+    assert "http://" not in page and "https://" not in page  # nothing to fetch: it works offline
+    path = tmp_path / "report.html"
+    path.write_text(page)
+    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,2400"]
+    shot = tmp_path / "shot.png"
+    subprocess.run(["chromium", *flags, f"--screenshot={shot}", path.as_uri()], check=True, capture_output=True,
+                   timeout=120)
+    pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)
+    assert pixels.std() > 10 and (pixels < 200).mean() > 0.02  # not blank: text, tables and plots drawn
+    dom = subprocess.run(["chromium", *flags, "--dump-dom", path.as_uri()], check=True, capture_output=True,
+                         text=True, timeout=120).stdout
+    assert dom.count("<table") >= 3 and dom.count('src="data:image/png;base64,') == 4
+    assert "Quality gate" in dom and "STS-B test" in dom and "Lineage" in dom
+    assert dom.count(">5/5<") == 2 and ">4/4<" in dom  # the sentences shards' and embeddings' suites all passed
