@@ -44,7 +44,8 @@ class PromotionConflict(IndexBuildError):
 
 
 class BuildIndexParams(StageParams):
-    model_run: str = Field(description="the distill run whose exported student encodes the corpus")
+    model_run: str | None = Field(None, description="the distill run whose student encodes the corpus "
+                                                  "(default: the promoted one, models/current.json)")
     partitions: list[date] | None = Field(None, description="corpus partitions (default: every staged one)")
     index_type: IndexType = Field("auto", description="auto chooses by corpus size")
     sq8: bool = Field(False, description="store int8 scalar-quantised codes instead of float32")
@@ -91,6 +92,12 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
 
     from tasks.encoder import SentenceEncoder
 
+    if params.model_run is None:
+        pointer, _ = student.promoted(params.store)
+        if pointer is None:
+            raise IndexBuildError(f"{params.store}: no promoted model (models/current.json); validate one or pass "
+                                  f"model_run")
+        params = params.model_copy(update={"model_run": pointer["model_run"]})
     days = params.partitions or [date.fromisoformat(k.removeprefix("ingest_date="))
                                  for k in manifest.list_keys(params.store, "stage_corpus")]
     shards = [uri for day in days for uri in sentences.shards(params.store, day, ("stage_corpus",))]

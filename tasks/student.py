@@ -108,3 +108,18 @@ def fetch_exported(store: str, run: str, into: Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(storage.read_bytes(uri))
     return into
+
+
+PROMOTED = "models/current.json"
+
+
+def promoted(store: str) -> tuple[dict | None, str | None]:
+    """The promoted-model pointer (distill run, scores, validation) and its etag, or (None, None)."""
+    import json
+
+    uri = storage.join(store, PROMOTED)
+    try:
+        info = storage.head(uri)
+        return json.loads(storage.read_bytes(uri)), info.etag
+    except storage.ObjectNotFound:
+        return None, None

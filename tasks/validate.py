@@ -51,7 +51,9 @@ class ValidateParams(StageParams):
 
 
 def current_model_uri(store: str) -> str:
-    return storage.join(store, "models", "current.json")
+    from tasks.student import PROMOTED
+
+    return storage.join(store, PROMOTED)
 
 
 def read_pairs(uri: str) -> sts.PairSet:
@@ -96,7 +98,7 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
         inputs=[{"uri": manifest.manifest_uri(params.store, "distill", params.model_run),
                  "sha256": distilled["fingerprint"], "rows": None}],
     )
-    current_before = _read_current(params.store)
+    current_before = student.promoted(params.store)
     if not force and (done := stage_run.completed()) is not None:
         return manifest.StageResult(stage_run.uri, skipped=True, manifest=done)
 
@@ -201,13 +203,6 @@ def _quality_results(store: str) -> list[dict]:
     return results
 
 
-def _read_current(store: str) -> tuple[dict | None, str | None]:
-    uri = current_model_uri(store)
-    try:
-        info = storage.head(uri)
-        return json.loads(storage.read_bytes(uri)), info.etag
-    except storage.ObjectNotFound:
-        return None, None
 
 
 def _corpus_sample(store: str, teacher: str, size: int) -> tuple[list[str], list[str], np.ndarray]:

@@ -128,3 +128,13 @@ def test_bad_settings_write_nothing(store):
     with pytest.raises(build_index.IndexBuildError, match="pq_m=3"):
         _build(store, index_type="ivf_pq", pq_m=3, name="nothing-written", promote=False)
     assert storage.list_uris(f"{store}/indexes/nothing-written") == []
+
+
+def test_the_promoted_student_is_the_default(store, tmp_path):
+    with pytest.raises(build_index.IndexBuildError, match="no promoted model"):
+        build_index.run(config.parse(build_index.BuildIndexParams, {"store": store, "promote": False}))
+    storage.write_bytes(f"{store}/models/current.json", json.dumps({"model_run": "tiny"}).encode())
+    result = build_index.run(config.parse(build_index.BuildIndexParams,
+                                          {"store": store, "promote": False, "name": "from-promoted"}))
+    assert result.manifest["params"]["model_run"] == "tiny"
+    storage.delete(f"{store}/models/current.json")
