@@ -97,6 +97,7 @@ def test_concurrent_promotions_have_one_winner(store):
 
 
 def test_missing_objects_leave_the_pointer_alone(store):
+    _build(store, index_type="flat", name="promoted-before")
     before = storage.read_bytes(build_index.current_pointer_uri(store))
     result = _build(store, index_type="flat", name="broken", promote=False)
     index_uri = next(o["uri"] for o in result.manifest["outputs"] if o["uri"].endswith("index.faiss"))
@@ -108,9 +109,10 @@ def test_missing_objects_leave_the_pointer_alone(store):
 
 def test_a_pointer_naming_a_missing_index_is_a_clear_error(tmp_path, store):
     other = storage.to_uri(str(tmp_path / "other"))
-    pointer = json.loads(storage.read_bytes(build_index.current_pointer_uri(store)))
+    ids = next(o["uri"] for o in _build(store, index_type="flat", name="gone", promote=False).manifest["outputs"]
+               if o["contract"] == "index_ids")
     storage.write_bytes(build_index.current_pointer_uri(other), json.dumps(
-        {**pointer, "index": f"{other}/indexes/gone/index.faiss"}).encode())
+        {"ids": ids, "model_run": "tiny", "index": f"{other}/indexes/gone/index.faiss"}).encode())
     with pytest.raises(build_index.IndexBuildError, match="gone/index.faiss, which does not exist"):
         build_index.search(other, "anything")
     with pytest.raises(build_index.IndexBuildError, match="no index promoted yet"):
@@ -138,3 +140,22 @@ def test_the_promoted_student_is_the_default(store, tmp_path):
                                           {"store": store, "promote": False, "name": "from-promoted"}))
     assert result.manifest["params"]["model_run"] == "tiny"
     storage.delete(f"{store}/models/current.json")
+
+
+def test_an_index_of_another_dimension_is_refused(store, tmp_path):
+    import faiss
+    import numpy as np
+
+    other = storage.to_uri(str(tmp_path / "other"))
+    ids = next(o["uri"] for o in _build(store, index_type="flat", name="dim", promote=False).manifest["outputs"]
+               if o["contract"] == "index_ids")
+    pointer = {"ids": ids, "model_run": "tiny"}
+    wrong = faiss.IndexFlatIP(5)
+    wrong.add(np.eye(5, dtype=np.float32))
+    storage.write_bytes(f"{other}/indexes/wrong/index.faiss", faiss.serialize_index(wrong).tobytes())
+    storage.write_bytes(build_index.current_pointer_uri(other), json.dumps(
+        {**pointer, "index": f"{other}/indexes/wrong/index.faiss"}).encode())
+    distill_manifest = storage.read_bytes(f"{store}/manifests/distill/tiny.json")
+    storage.write_bytes(f"{other}/manifests/distill/tiny.json", distill_manifest)
+    with pytest.raises(build_index.IndexBuildError, match="index dimension 5 differs from the model's 8"):
+        build_index.search(other, "anything")
