@@ -10,12 +10,10 @@ is safe. The logic lives in `tasks/`; this file only wires it.
 
 from __future__ import annotations
 
-from datetime import timedelta
-
 import pendulum
 from airflow.sdk import Param, dag, task
 
-DEFAULT_ARGS = {"retries": 2, "retry_delay": timedelta(seconds=30), "retry_exponential_backoff": True}
+from tasks.dag_defaults import DEFAULT_ARGS
 
 
 @dag(

@@ -24,3 +24,8 @@ def shard_groups(params: dict, day: str) -> list[list[int]]:
     count = len(sentences.shards(config.parse(config.StageParams, {"store": store}).store, date.fromisoformat(day)))
     groups = min(params["shard_groups"], count)
     return [list(range(g, count, groups)) for g in range(groups)]
+
+
+def run_name(context: dict) -> str:
+    """A store-safe name for the Airflow run (used to name a distill run or an index)."""
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in context["run_id"])

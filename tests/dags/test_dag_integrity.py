@@ -17,7 +17,7 @@ def dagbag():
 
 def test_no_import_errors(dagbag):
     assert dagbag.import_errors == {}
-    assert {"hpd_ingest"} <= set(dagbag.dag_ids)
+    assert set(dagbag.dag_ids) == {"hpd_ingest", "hpd_retrain", "hpd_index", "hpd_quality_report"}
 
 
 def test_every_dag_has_docs_tags_and_retries(dagbag):
@@ -38,6 +38,13 @@ def test_each_file_parses_in_under_a_second(path):
 
 
 def test_heavy_libraries_are_imported_inside_tasks():
-    for path in FILES:
-        head = [line for line in path.read_text().splitlines() if line.startswith(("import ", "from "))]
-        assert not [line for line in head if any(lib in line for lib in ("torch", "transformers", "tasks"))], path
+    """Parsing the DAG folder imports none of the pipeline's heavy libraries (they load inside tasks)."""
+    import subprocess
+    import sys
+
+    probe = ("import sys; from airflow.dag_processing.dagbag import DagBag; "
+             f"bag = DagBag({str(DAGS)!r}); assert not bag.import_errors, bag.import_errors; "
+             "print(sorted(m for m in ('torch', 'transformers', 'faiss', 'great_expectations', 'sklearn', "
+             "'sentence_transformers', 'tasks.encoder', 'tasks.distill') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.strip().splitlines()[-1] == "[]"

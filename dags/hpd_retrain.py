@@ -1,0 +1,102 @@
+"""
+### hpd_retrain — fit the projection, distil the student, validate, promote
+
+Weekly and on manual trigger (params below): fit the PCA over the selected partitions' teacher
+embeddings (writing the projected targets), distil the student (queue `gpu` when the deployment has
+one; CPU otherwise), validate it (STS, fidelity, retrieval, quality gate, HTML report) and, when the
+gate passes, promote it to `models/current.json` and update the `hpd_promoted_model` Asset, which
+schedules `hpd_index`. The logic lives in `tasks/`; this file only wires it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pendulum
+from airflow.sdk import Param, dag, task
+
+from tasks.dag_defaults import DEFAULT_ARGS, PROMOTED_MODEL
+
+GPU_QUEUE = os.environ.get("HPD_GPU_QUEUE", "default")
+
+
+@dag(
+    dag_id="hpd_retrain",
+    schedule="@weekly",
+    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["hpd", "retrain"],
+    doc_md=__doc__,
+    params={
+        "store": Param(None, type=["null", "string"], description="store root URI (default: $HPD_STORE)"),
+        "partitions": Param(None, type=["null", "array"], items={"type": "string", "format": "date"},
+                            description="ingest dates to train on (default: all)"),
+        "teacher": Param("all-mpnet-base-v2", type="string"),
+        "k": Param(128, type="integer", minimum=1),
+        "mode": Param("uncentered", enum=["uncentered", "centered"]),
+        "max_rows": Param(40000, type=["null", "integer"], minimum=2),
+        "student": Param("all-MiniLM-L6-v2", type="string"),
+        "student_layers": Param(None, type=["null", "integer"], minimum=1),
+        "epochs": Param(5, type="integer", minimum=1),
+        "max_steps": Param(None, type=["null", "integer"], minimum=1),
+        "batch_size": Param(256, type="integer", minimum=1),
+        "lr": Param(1e-4, type="number", exclusiveMinimum=0),
+        "amp": Param("auto", enum=["auto", "off", "bf16", "fp16"]),
+        "min_stsb": Param(None, type=["null", "number"]),
+        "min_sickr": Param(None, type=["null", "number"]),
+        "max_regression": Param(1.0, type="number", minimum=0),
+    },
+)
+def hpd_retrain():
+    @task
+    def fit_pca(**context) -> str:
+        from tasks import config, orchestration
+        from tasks import fit_pca as stage
+
+        p = context["params"]
+        values = {"teacher": p["teacher"], "partitions": p["partitions"], "k": p["k"], "mode": p["mode"],
+                  "max_rows": p["max_rows"]}
+        params = config.parse(stage.FitPCAParams, orchestration.with_store(values, p))
+        stage.run(params)
+        return params.name
+
+    @task(queue=GPU_QUEUE, execution_timeout=pendulum.duration(hours=12))
+    def distill(pca_name: str, **context) -> str:
+        from tasks import config, orchestration
+        from tasks import distill as stage
+
+        p = context["params"]
+        values = {"teacher": p["teacher"], "pca_name": pca_name, "partitions": p["partitions"],
+                  "student": p["student"], "student_layers": p["student_layers"], "epochs": p["epochs"],
+                  "max_steps": p["max_steps"], "batch_size": p["batch_size"], "lr": p["lr"], "amp": p["amp"],
+                  "name": f"{orchestration.run_name(context)}"}
+        params = config.parse(stage.DistillParams, orchestration.with_store(values, p))
+        stage.run(params)
+        return params.name
+
+    @task
+    def validate(model_run: str, **context) -> bool:
+        from tasks import config, orchestration
+        from tasks import validate as stage
+
+        p = context["params"]
+        values = {"model_run": model_run, "min_stsb": p["min_stsb"], "min_sickr": p["min_sickr"],
+                  "max_regression": p["max_regression"]}
+        result = stage.run(config.parse(stage.ValidateParams, orchestration.with_store(values, p)))
+        return result.manifest["stats"]["gate"]["passed"]
+
+    @task.short_circuit
+    def gate_passed(passed: bool) -> bool:
+        return passed
+
+    @task(outlets=[PROMOTED_MODEL])
+    def announce_promotion(model_run: str) -> str:
+        return model_run
+
+    model_run = distill(fit_pca())
+    gate_passed(validate(model_run)) >> announce_promotion(model_run)
+
+
+hpd_retrain()
