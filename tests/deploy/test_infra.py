@@ -1,0 +1,51 @@
+"""Static checks of infra/: Helm values, the GPU pod template and the bucket's Terraform."""
+
+import re
+from pathlib import Path
+
+import yaml
+
+INFRA = Path(__file__).parents[2] / "infra"
+
+
+def test_helm_values_use_the_kubernetes_executor_and_remote_logs():
+    values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
+    assert values["executor"] == "KubernetesExecutor"
+    assert values["airflowVersion"] == "3.3.2"
+    logging = values["config"]["logging"]
+    assert logging["remote_logging"] == "True" and logging["remote_base_log_folder"].startswith("s3://")
+    env = {item["name"]: item["value"] for item in values["env"]}
+    assert env["HPD_STORE"].startswith("s3://") and env["HPD_GPU_QUEUE"] == "gpu"
+
+
+def test_gpu_pod_template_asks_for_a_gpu():
+    pod = yaml.safe_load((INFRA / "helm" / "gpu-pod-template.yaml").read_text())
+    assert pod["kind"] == "Pod"
+    (container,) = pod["spec"]["containers"]
+    assert container["name"] == "base"  # the KubernetesExecutor runs the task in the container named base
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert any(t["key"] == "nvidia.com/gpu" for t in pod["spec"]["tolerations"])
+
+
+def _blocks(text: str, resource: str) -> list[str]:
+    return re.findall(rf'resource "{resource}" "\w+" \{{(.*?)\n\}}', text, re.S)
+
+
+def test_bucket_is_private_encrypted_versioned():
+    tf = (INFRA / "terraform" / "bucket.tf").read_text()
+    (block,) = _blocks(tf, "aws_s3_bucket_public_access_block")
+    for flag in ("block_public_acls", "block_public_policy", "ignore_public_acls", "restrict_public_buckets"):
+        assert re.search(rf"{flag}\s*=\s*true", block), flag
+    assert 'status = "Enabled"' in _blocks(tf, "aws_s3_bucket_versioning")[0]
+    assert 'sse_algorithm = "aws:kms"' in _blocks(tf, "aws_s3_bucket_server_side_encryption_configuration")[0]
+    assert "abort_incomplete_multipart_upload" in _blocks(tf, "aws_s3_bucket_lifecycle_configuration")[0]
+    assert '"aws:SecureTransport"' in tf
+
+
+def test_pipeline_policy_is_least_privilege():
+    tf = (INFRA / "terraform" / "bucket.tf").read_text()
+    policy = tf[tf.index('data "aws_iam_policy_document" "pipeline"'):tf.index('resource "aws_iam_role_policy"')]
+    actions = set(re.findall(r'"(s3:[A-Za-z*]+)"', policy))
+    assert actions == {"s3:ListBucket", "s3:ListBucketMultipartUploads", "s3:GetObject", "s3:PutObject",
+                       "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"}
+    assert "s3:*" not in policy and '"*"' not in policy
