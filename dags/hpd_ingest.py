@@ -13,7 +13,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from tasks.dag_defaults import DEFAULT_ARGS
+from tasks.dag_defaults import DEFAULT_ARGS, DEFAULT_SOURCE, DEFAULT_TEACHER
 
 
 @dag(
@@ -26,13 +26,13 @@ from tasks.dag_defaults import DEFAULT_ARGS
     tags=["hpd", "ingest"],
     doc_md=__doc__,
     params={
-        "source": Param("data/corpus/sentences.tsv.gz", type="string", description="raw file or prefix URI"),
+        "source": Param(DEFAULT_SOURCE, type="string", description="raw file or prefix URI"),
         "column": Param("sentence", type="string", description="text field or column"),
         "limit": Param(None, type=["null", "integer"], minimum=1, description="stage at most this many records"),
         "store": Param(None, type=["null", "string"], description="store root URI (default: $HPD_STORE)"),
         "augment_methods": Param(["wordnet"], type="array", items={"enum": ["wordnet", "delete", "swap"]}),
         "augment_fraction": Param(0.25, type="number", exclusiveMinimum=0, maximum=1),
-        "teacher": Param("all-mpnet-base-v2", type="string", description="teacher model spec"),
+        "teacher": Param(DEFAULT_TEACHER, type="string", description="teacher model spec"),
         "dtype": Param("bf16", enum=["fp32", "bf16", "fp16"]),
         "shard_groups": Param(2, type="integer", minimum=1, description="mapped encode tasks"),
     },

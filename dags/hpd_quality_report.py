@@ -11,7 +11,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from tasks.dag_defaults import DEFAULT_ARGS
+from tasks.dag_defaults import DEFAULT_ARGS, DEFAULT_TEACHER
 
 
 @dag(
@@ -24,7 +24,7 @@ from tasks.dag_defaults import DEFAULT_ARGS
     doc_md=__doc__,
     params={
         "store": Param(None, type=["null", "string"], description="store root URI (default: $HPD_STORE)"),
-        "teacher": Param("all-mpnet-base-v2", type=["null", "string"]),
+        "teacher": Param(DEFAULT_TEACHER, type=["null", "string"]),
         "pca_name": Param(None, type=["null", "string"]),
     },
 )

@@ -15,7 +15,7 @@ import os
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from tasks.dag_defaults import DEFAULT_ARGS, PROMOTED_MODEL
+from tasks.dag_defaults import DEFAULT_ARGS, DEFAULT_K, DEFAULT_STUDENT, DEFAULT_TEACHER, PROMOTED_MODEL
 
 GPU_QUEUE = os.environ.get("HPD_GPU_QUEUE", "default")
 
@@ -33,11 +33,11 @@ GPU_QUEUE = os.environ.get("HPD_GPU_QUEUE", "default")
         "store": Param(None, type=["null", "string"], description="store root URI (default: $HPD_STORE)"),
         "partitions": Param(None, type=["null", "array"], items={"type": "string", "format": "date"},
                             description="ingest dates to train on (default: all)"),
-        "teacher": Param("all-mpnet-base-v2", type="string"),
-        "k": Param(128, type="integer", minimum=1),
+        "teacher": Param(DEFAULT_TEACHER, type="string"),
+        "k": Param(DEFAULT_K, type="integer", minimum=1),
         "mode": Param("uncentered", enum=["uncentered", "centered"]),
         "max_rows": Param(40000, type=["null", "integer"], minimum=2),
-        "student": Param("all-MiniLM-L6-v2", type="string"),
+        "student": Param(DEFAULT_STUDENT, type="string"),
         "student_layers": Param(None, type=["null", "integer"], minimum=1),
         "epochs": Param(5, type="integer", minimum=1),
         "max_steps": Param(None, type=["null", "integer"], minimum=1),

@@ -169,7 +169,7 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
     """Augment the staged originals of ``params.ingest_date``."""
     key = sentences.partition_key(params.ingest_date)
     source_manifest = manifest.read(params.store, "stage_corpus", key)
-    if not source_manifest or not source_manifest["outputs"]:
+    if source_manifest is None:  # staged but empty (every sentence already staged elsewhere) is fine
         raise AugmentError(f"{params.store}: no sentences staged for {key}; run stage-corpus first")
     stage_run = manifest.StageRun(
         stage=STAGE, key=key, store=params.store, params=params.model_dump(mode="json"),

@@ -52,7 +52,7 @@ def output_shards(store: str, teacher: str, ingest_date: date) -> list[str]:
 def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Encode every (selected) sentences shard of the partition that is not done yet."""
     shards = sentences.shards(params.store, params.ingest_date)
-    if not shards:
+    if manifest.read(params.store, "stage_corpus", sentences.partition_key(params.ingest_date)) is None:
         raise EncodeError(f"{params.store}: no sentences staged for ingest_date={params.ingest_date}")
     selected = params.shards if params.shards is not None else range(len(shards))
     unknown = [i for i in selected if not 0 <= i < len(shards)]
