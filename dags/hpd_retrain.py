@@ -3,9 +3,10 @@
 
 Weekly and on manual trigger (params below): fit the PCA over the selected partitions' teacher
 embeddings (writing the projected targets), distil the student (queue `gpu` when the deployment has
-one; CPU otherwise), validate it (STS, fidelity, retrieval, quality gate, HTML report) and, when the
-gate passes, promote it to `models/current.json` and update the `hpd_promoted_model` Asset, which
-schedules `hpd_index`. The logic lives in `tasks/`; this file only wires it.
+one, in a pod asking for `nvidia.com/gpu` under the KubernetesExecutor; CPU otherwise), validate it
+(STS, fidelity, retrieval, quality gate, HTML report) and, when the gate passes, promote it to
+`models/current.json` and update the `hpd_promoted_model` Asset, which schedules `hpd_index`.
+The logic lives in `tasks/`; this file only wires it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ import os
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from tasks.dag_defaults import DEFAULT_ARGS, DEFAULT_K, DEFAULT_STUDENT, DEFAULT_TEACHER, PROMOTED_MODEL
+from tasks.dag_defaults import (
+    DEFAULT_ARGS,
+    DEFAULT_K,
+    DEFAULT_STUDENT,
+    DEFAULT_TEACHER,
+    PROMOTED_MODEL,
+    gpu_executor_config,
+)
 
 GPU_QUEUE = os.environ.get("HPD_GPU_QUEUE", "default")
 
@@ -62,7 +70,7 @@ def hpd_retrain():
         stage.run(params)
         return params.name
 
-    @task(queue=GPU_QUEUE, execution_timeout=pendulum.duration(hours=12))
+    @task(queue=GPU_QUEUE, executor_config=gpu_executor_config(), execution_timeout=pendulum.duration(hours=12))
     def distill(pca_name: str, **context) -> str:
         from tasks import config, orchestration
         from tasks import distill as stage

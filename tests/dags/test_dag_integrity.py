@@ -48,3 +48,26 @@ def test_heavy_libraries_are_imported_inside_tasks():
              "'sentence_transformers', 'tasks.encoder', 'tasks.distill') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_distill_task_pod_asks_for_a_gpu(dagbag, monkeypatch):
+    """The pod override survives DAG serialization and, merged onto infra's pod template by the
+    KubernetesExecutor's own reconciliation, yields a pod requesting nvidia.com/gpu on the base container."""
+    from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    from tasks.dag_defaults import gpu_executor_config
+
+    serialized = DagSerialization.from_dict(DagSerialization.to_dict(dagbag.dags["hpd_retrain"]))
+    override = PodGenerator.from_obj(serialized.get_task("distill").executor_config)
+    template = PodGenerator.deserialize_model_file(str(Path(__file__).parents[2] / "infra/helm/gpu-pod-template.yaml"))
+    (container,) = PodGenerator.reconcile_pods(template, override).spec.containers
+    assert container.name == "base" and container.image == "hpd-pipeline/worker-gpu:latest"
+    assert container.resources.limits["nvidia.com/gpu"] == "1" and container.resources.requests["nvidia.com/gpu"] == "1"
+    assert [t.key for t in PodGenerator.reconcile_pods(template, override).spec.tolerations] == ["nvidia.com/gpu"]
+
+    monkeypatch.setenv("HPD_GPU_COUNT", "4")
+    monkeypatch.setenv("HPD_GPU_POD_TEMPLATE", "/opt/airflow/pod_templates/gpu.yaml")
+    config = gpu_executor_config()
+    assert config["pod_template_file"] == "/opt/airflow/pod_templates/gpu.yaml"
+    assert config["pod_override"].spec.containers[0].resources.limits["nvidia.com/gpu"] == "4"

@@ -18,13 +18,17 @@ def test_helm_values_use_the_kubernetes_executor_and_remote_logs():
     assert env["HPD_STORE"].startswith("s3://") and env["HPD_GPU_QUEUE"] == "gpu"
 
 
-def test_gpu_pod_template_asks_for_a_gpu():
+def test_gpu_pod_template_runs_the_gpu_worker_on_a_gpu_node():
     pod = yaml.safe_load((INFRA / "helm" / "gpu-pod-template.yaml").read_text())
     assert pod["kind"] == "Pod"
     (container,) = pod["spec"]["containers"]
     assert container["name"] == "base"  # the KubernetesExecutor runs the task in the container named base
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
-    assert any(t["key"] == "nvidia.com/gpu" for t in pod["spec"]["tolerations"])
+    assert container["image"].endswith("worker-gpu:latest")
+    assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
+    env = {item["name"]: item["value"] for item in values["env"]}
+    mounts = {m["mountPath"] for m in values["scheduler"]["extraVolumeMounts"]}
+    assert env["HPD_GPU_POD_TEMPLATE"] in mounts
 
 
 def _blocks(text: str, resource: str) -> list[str]:
