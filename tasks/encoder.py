@@ -10,6 +10,7 @@ fp16/bf16 on CUDA). Embeddings come back as float32 in input order.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,8 +21,11 @@ import torch
 from safetensors.torch import load_file
 from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
+from transformers.utils import logging as transformers_logging
 
 from tasks import models
+
+log = logging.getLogger(__name__)
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -77,6 +81,24 @@ class Dense(torch.nn.Module):
         return dense
 
 
+def _load_transformer(folder: Path) -> torch.nn.Module:
+    """The transformer, quietly (no load report or progress bar); warns only about missing weights that
+    matter: a pooler head (unused by sentence pooling, and dropped from our exports) is not reported."""
+    verbosity, bars = transformers_logging.get_verbosity(), transformers_logging.is_progress_bar_enabled()
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
+    try:
+        transformer, info = AutoModel.from_pretrained(folder, output_loading_info=True)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+        if bars:
+            transformers_logging.enable_progress_bar()
+    missing = [key for key in info["missing_keys"] if not key.startswith("pooler.")]
+    if missing:
+        log.warning("%s: weights missing from the checkpoint, randomly initialised: %s", folder, missing)
+    return transformer
+
+
 class SentenceEncoder(torch.nn.Module):
     """A loaded encoder: transformer, pooling, optional dense head and normalisation.
 
@@ -99,7 +121,7 @@ class SentenceEncoder(torch.nn.Module):
         configured_len = json.loads(bert_config.read_text()).get("max_seq_length") if bert_config.is_file() \
             else None
         tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
-        transformer = AutoModel.from_pretrained(transformer_dir)
+        transformer = _load_transformer(transformer_dir)
         pooling = Pooling.from_folder(folder / modules["Pooling"]) if "Pooling" in modules else Pooling()
         dense = Dense.from_folder(folder / modules["Dense"]) if "Dense" in modules else None
         limit = max_seq_length or configured_len or min(tokenizer.model_max_length, 512)
