@@ -40,18 +40,10 @@ $(BIN)/docker-compose: requirements-tools.lock | $(INSTALLED)
 
 venv: $(INSTALLED) $(WORDNET) /usr/bin/chromium $(BIN)/docker-compose
 
-# The pipeline as far as it exists, on a sample of the vendored corpus in the embedded store.
+# The DAG chain (ingest, retrain, index, quality report) through `airflow dags test` on a sample of the
+# vendored corpus, in the embedded store; prints where the report, model and index are.
 demo: venv
-	$(HPD) stage-corpus --source data/corpus/sentences.tsv.gz --column sentence --ingest-date $(DEMO_DATE) \
-		--limit $(DEMO_ROWS)
-	$(HPD) augment --ingest-date $(DEMO_DATE) --methods wordnet swap --fraction 0.5
-	$(HPD) encode-teacher --ingest-date $(DEMO_DATE) --dtype bf16
-	$(HPD) fit-pca --k 128 --partitions $(DEMO_DATE)
-	$(HPD) distill --epochs 1 --batch-size 64 --amp bf16 --eval-every 20 --name demo-student
-	$(HPD) build-index --model-run demo-student
-	$(HPD) search "A man is playing a guitar." -k 3
-	@HPD_STORE=$(STORE) $(BIN)/python -c "from tasks import config, distill; \
-		print('student model (sentence-transformers folder):', distill.model_prefix(config.default_store(), 'demo-student'))"
+	$(HPD) demo --rows $(DEMO_ROWS) --date $(DEMO_DATE) --airflow-home var/airflow
 
 test: venv
 	$(BIN)/python -m pytest

@@ -35,7 +35,7 @@ def hpd_index():
         from tasks import build_index, config, orchestration
 
         p = context["params"]
-        values = {"index_type": p["index_type"], "sq8": p["sq8"], "name": orchestration.run_name(context)}
+        values = {"index_type": p["index_type"], "sq8": p["sq8"]}  # named after the promoted model run
         result = build_index.run(config.parse(build_index.BuildIndexParams, orchestration.with_store(values, p)))
         return result.manifest["stats"]
 

@@ -55,6 +55,9 @@ GPU_QUEUE = os.environ.get("HPD_GPU_QUEUE", "default")
         "min_stsb": Param(None, type=["null", "number"]),
         "min_sickr": Param(None, type=["null", "number"]),
         "max_regression": Param(1.0, type="number", minimum=0),
+        "name": Param(None, type=["null", "string"], pattern=r"^[A-Za-z0-9_.=-]+$",
+                      description="model run name (default: the Airflow run id); a rerun with the same name "
+                                  "and params skips the finished stages"),
     },
 )
 def hpd_retrain():
@@ -79,7 +82,7 @@ def hpd_retrain():
         values = {"teacher": p["teacher"], "pca_name": pca_name, "partitions": p["partitions"],
                   "student": p["student"], "student_layers": p["student_layers"], "epochs": p["epochs"],
                   "max_steps": p["max_steps"], "batch_size": p["batch_size"], "lr": p["lr"], "amp": p["amp"],
-                  "name": f"{orchestration.run_name(context)}"}
+                  "name": p["name"] or orchestration.run_name(context)}
         params = config.parse(stage.DistillParams, orchestration.with_store(values, p))
         stage.run(params)
         return params.name

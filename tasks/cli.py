@@ -11,10 +11,13 @@ import argparse
 import importlib
 import json
 import sys
+import time
 import types
 import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import date
+from pathlib import Path
 
 from pydantic import BaseModel
 
@@ -81,7 +84,37 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("query")
     search.add_argument("-k", type=int, default=5, help="how many results")
     search.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
+    demo = sub.add_parser("demo", help="run the DAG chain with `airflow dags test` on a corpus sample",
+                          description="run hpd_ingest, hpd_retrain, hpd_index and hpd_quality_report with "
+                                      "`airflow dags test` (SQLite metadata), then print where the outputs are")
+    demo.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
+    demo.add_argument("--airflow-home", default="var/airflow", help="AIRFLOW_HOME of the demo's Airflow")
+    demo.add_argument("--rows", type=int, default=2000, help="corpus sentences to ingest")
+    demo.add_argument("--date", type=date.fromisoformat, default=date(2026, 11, 30), help="the partition's day")
+    demo.add_argument("--query", default="A man is playing a guitar.", help="a sample search on the new index")
     return parser
+
+
+def _demo(args: dict) -> int:
+    from tasks import build_index, demo
+
+    store = storage.to_uri(args["store"]) if args["store"] else config.default_store()
+    plan = demo.DemoPlan(store=store, airflow_home=Path(args["airflow_home"]).resolve(), day=args["date"],
+                         rows=args["rows"])
+    start = time.perf_counter()
+    try:
+        demo.run_chain(plan)
+        where = demo.locations(store)
+    except (demo.DemoError, ValueError, storage.StorageError) as exc:
+        print(f"hpd: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"\nThe DAG chain finished in {time.perf_counter() - start:.0f} s.")
+    for name, uri in where.items():
+        print(f"{name + ':':<40}{uri}")
+    print(f"\nhpd search {args['query']!r}:")
+    for hit in build_index.search(store, args["query"], 3):
+        print(f"{hit['rank']:>3}  {hit['score']:.4f}  {hit['text']}")
+    return 0
 
 
 def _search(args: dict) -> int:
@@ -103,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = vars(parser.parse_args(argv))
     if args["command"] == "search":
         return _search(args)
+    if args["command"] == "demo":
+        return _demo(args)
     command = COMMANDS[args.pop("command")]
     force, quiet = args.pop("force"), args.pop("quiet")
     module = importlib.import_module(command.module)

@@ -63,21 +63,32 @@ def test_ingest_runs_end_to_end(airflow_env, inputs, store_root):
     assert storage.exists(manifest.manifest_uri(store_root, "augment", f"ingest_date={DAY}"))
 
 
-def test_retrain_index_and_quality_chain(airflow_env, inputs, tmp_path):
-    from tasks import build_index, validate
+def test_demo_chain_runs_every_dag_and_reruns_idempotently(inputs, tmp_path):
+    """`hpd demo`'s chain (`airflow dags test` of ingest, retrain, index, quality report) with tiny models:
+    a model is promoted and indexed, the outputs are where it says, and a rerun rewrites no manifest."""
+    from tasks import build_index, demo
 
     store = storage.to_uri(str(tmp_path / "store"))
-    _ingest(airflow_env, inputs, store)
-    _dag_test(airflow_env, "hpd_retrain", {"store": store, "teacher": inputs["teacher"], "k": 8, "max_rows": None,
-                                           "student": inputs["student"], "max_steps": 3, "batch_size": 16,
-                                           "amp": "off", "max_regression": 1000.0})
-    promoted = json.loads(storage.read_bytes(validate.current_model_uri(store)))
-    assert manifest.read(store, "distill", promoted["model_run"]) is not None
-    assert any(o["uri"].endswith("report.html")
-               for o in manifest.read(store, "validate", promoted["model_run"])["outputs"])
-    _dag_test(airflow_env, "hpd_index", {"store": store, "index_type": "flat"})
-    pointer = json.loads(storage.read_bytes(build_index.current_pointer_uri(store)))
-    assert pointer["model_run"] == promoted["model_run"] and storage.exists(pointer["index"])
-    _dag_test(airflow_env, "hpd_quality_report", {"store": store, "teacher": inputs["teacher"],
-                                                  "pca_name": "k8-uncentered"})
+    plan = demo.DemoPlan(store=store, airflow_home=tmp_path / "airflow", day=DAY, rows=60, k=8,
+                         teacher=inputs["teacher"], student=inputs["student"], amp="off",
+                         extra_conf={"hpd_ingest": {"dtype": "fp32", "augment_methods": ["swap"]},
+                                     "hpd_retrain": {"max_steps": 3, "batch_size": 16, "max_regression": 1000.0}})
+    walls = demo.run_chain(plan, echo=lambda *a, **k: None)
+    assert list(walls) == ["airflow db migrate", "hpd_ingest", "hpd_retrain", "hpd_index", "hpd_quality_report"]
+    where = demo.locations(store)
+    assert where["model run"] == "demo-student"
+    assert all(storage.exists(where[key]) for key in ("validation report", "index"))
+    assert storage.exists(storage.join(where["model (sentence-transformers folder)"], "modules.json"))
+    assert build_index.search(store, "a sentence", 2)
     assert manifest.read(store, "quality", f"ingest_date={DAY}")["stats"]["passed"] is True
+
+    def manifests() -> dict[str, bytes]:
+        keys = [(stage, key) for stage in ("stage_corpus", "augment", "encode_teacher", "fit_pca", "distill",
+                                           "validate", "build_index", "quality")
+                for key in manifest.list_keys(store, stage)]
+        return {f"{s}/{k}": storage.read_bytes(manifest.manifest_uri(store, s, k)) for s, k in keys}
+
+    before = manifests()
+    assert len(before) >= 8
+    demo.run_chain(plan, echo=lambda *a, **k: None)
+    assert manifests() == before
