@@ -22,11 +22,6 @@ STUDENT_RUN = "MiniLM-L6"
 QUERIES = 1000
 
 
-def _vectors(table, column: str) -> np.ndarray:
-    values = table.column(column).combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    return np.ascontiguousarray(values.reshape(table.num_rows, -1), dtype=np.float32)
-
-
 def main() -> dict:
     import faiss
     import torch
@@ -43,7 +38,7 @@ def main() -> dict:
     for uri in shards:
         texts.extend(storage.read_parquet(uri, columns=["text"]).column("text").to_pylist())
         published = manifest.read(store, "encode_teacher", datasets.teacher_shard_key(models.DEFAULT_TEACHER, day, uri))
-        teacher.append(_vectors(storage.read_parquet(published["outputs"][0]["uri"]), "embedding"))
+        teacher.append(datasets.vectors(storage.read_parquet(published["outputs"][0]["uri"]), "embedding"))
     with tempfile.TemporaryDirectory() as scratch:
         student_model = SentenceEncoder.load(str(student.fetch_exported(store, STUDENT_RUN, Path(scratch))))
         student_vectors = student_model.encode(texts, batch_size=128)

@@ -12,6 +12,7 @@ import io
 from dataclasses import dataclass
 from datetime import date
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -47,6 +48,12 @@ def write_shard(prefix: str, stem: str, table: pa.Table, contract_name: str, dim
     uri = storage.join(prefix, f"{stem}-{digest[:8]}.parquet")
     storage.write_bytes(uri, body)
     return Shard(uri, digest, len(body), checked.num_rows, contract.name, contract.version)
+
+
+def vectors(table: pa.Table, column: str) -> np.ndarray:
+    """A fixed-size-list column (embeddings, targets) as a C-contiguous ``(rows, dim)`` float32 array."""
+    values = table.column(column).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    return np.ascontiguousarray(values.reshape(table.num_rows, -1), dtype=np.float32)
 
 
 def derived_stem(source_uri: str) -> str:

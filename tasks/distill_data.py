@@ -18,7 +18,7 @@ from datetime import date
 
 import numpy as np
 
-from tasks import manifest, models, sentences, storage
+from tasks import datasets, manifest, models, sentences, storage
 
 
 class DistillDataError(ValueError):
@@ -92,9 +92,7 @@ def read_pair(pair: ShardPair) -> tuple[list[str], list[str], np.ndarray]:
     if missing or len(ids) != len(text_of):
         raise DistillDataError(f"{pair.targets_uri}: {len(missing)} target id(s) missing from {pair.sentences_uri} "
                                f"({len(text_of) - len(ids) + len(missing)} sentence id(s) without a target)")
-    column = targets.column("target")
-    values = column.combine_chunks().flatten().to_numpy(zero_copy_only=False).reshape(len(ids), -1)
-    return ids, [text_of[sid] for sid in ids], values.astype(np.float32)
+    return ids, [text_of[sid] for sid in ids], datasets.vectors(targets, "target")
 
 
 class TrainingData:

@@ -51,7 +51,7 @@ def output_shards(store: str, teacher: str, ingest_date: date) -> list[str]:
 
 def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Encode every (selected) sentences shard of the partition that is not done yet."""
-    shards = sentences.shards(params.store, params.ingest_date)
+    shards = sentences.published(params.store, params.ingest_date)
     if manifest.read(params.store, "stage_corpus", sentences.partition_key(params.ingest_date)) is None:
         raise EncodeError(f"{params.store}: no sentences staged for ingest_date={params.ingest_date}")
     selected = params.shards if params.shards is not None else range(len(shards))
@@ -62,8 +62,8 @@ def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False
     done, encoded = [], 0
     for position in tqdm(selected, desc=f"encode_teacher {params.ingest_date}", unit=" shard",
                          disable=not progress):
-        shard_uri = shards[position]
-        stage_run = _shard_run(params, shard_uri)
+        shard_uri = shards[position]["uri"]
+        stage_run = _shard_run(params, shards[position])
         if not force and (published := stage_run.completed()) is not None:
             done.append(published)
             continue
@@ -79,17 +79,13 @@ def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False
     return manifest.StageResult(manifests, skipped=encoded == 0, manifest=summary)
 
 
-
-
-
-
-def _shard_run(params: EncodeTeacherParams, shard_uri: str) -> manifest.StageRun:
-    body = storage.read_bytes(shard_uri)
+def _shard_run(params: EncodeTeacherParams, shard: dict) -> manifest.StageRun:
+    """The run encoding one sentences shard; its input checksum comes from the writing stage's manifest."""
     identity = params.model_dump(mode="json", exclude={"shards", "threads", "device", "batch_size"})
     return manifest.StageRun(
-        stage=STAGE, key=datasets.teacher_shard_key(params.teacher, params.ingest_date, shard_uri), store=params.store,
-        params=identity, inputs=[{"uri": shard_uri, "sha256": manifest.sha256_hex(body), "rows": None,
-                                  "bytes": len(body)}],
+        stage=STAGE, key=datasets.teacher_shard_key(params.teacher, params.ingest_date, shard["uri"]),
+        store=params.store, params=identity,
+        inputs=[{"uri": shard["uri"], "sha256": shard["sha256"], "rows": shard["rows"], "bytes": shard["bytes"]}],
     )
 
 
@@ -107,7 +103,6 @@ def _load_encoder(params: EncodeTeacherParams):
 def _encode_shard(params: EncodeTeacherParams, encoder, stage_run: manifest.StageRun, shard_uri: str) -> dict:
     with stage_run.phase("read"):
         sentences = storage.read_parquet(shard_uri, columns=["sentence_id", "text"])
-    stage_run.inputs[0]["rows"] = sentences.num_rows
     with stage_run.phase("encode"):
         embeddings = encoder.encode(sentences.column("text").to_pylist(), batch_size=params.batch_size,
                                     dtype=params.dtype)

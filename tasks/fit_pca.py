@@ -137,11 +137,9 @@ def _chunks(uri: str):
     column = table.column("embedding")
     if not pa.types.is_fixed_size_list(column.type):
         raise PCAError(f"{uri}: embedding column is {column.type}, not a fixed-size list")
-    dim = column.type.list_size
     for start in range(0, table.num_rows, CHUNK_ROWS):
         part = table.slice(start, CHUNK_ROWS)
-        values = part.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
-        chunk = values.reshape(-1, dim)
+        chunk = datasets.vectors(part, "embedding")
         if not np.isfinite(chunk).all():
             raise PCAError(f"{uri}: NaN or infinite embedding values near row {start}")
         yield part.column("sentence_id").to_pylist(), chunk

@@ -56,7 +56,7 @@ def profile(kind: str, table: pa.Table) -> pd.DataFrame:
         return pd.DataFrame({"sentence_id": table.column("sentence_id").to_pylist(), "dim": lengths,
                              "finite": [bool(np.isfinite(r).all()) for r in rows],
                              "norm": [float(np.linalg.norm(r)) if np.isfinite(r).all() else np.nan for r in rows]})
-    values = np.asarray(column.flatten().to_numpy(zero_copy_only=False), dtype=np.float64).reshape(len(table), -1)
+    values = datasets.vectors(table, "embedding" if "embedding" in table.column_names else "target").astype(np.float64)
     return pd.DataFrame({"dimension": np.arange(values.shape[1]), "variance": values.var(axis=0)})
 
 
@@ -124,30 +124,33 @@ def _context():
 def run(params: QualityParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Check a partition's sentences, teacher embeddings and (optionally) a PCA run's targets."""
     key = sentences.partition_key(params.ingest_date)
-    shards = sentences.shards(params.store, params.ingest_date)
+    shards = sentences.published(params.store, params.ingest_date)
     if not shards:
         raise QualityError(f"{params.store}: nothing staged for {key}")
-    checks: list[tuple[str, str, dict]] = [(uri, "sentences", {"max_chars": params.max_chars}) for uri in shards]
+    # (published output as its writer's manifest records it, suite, suite settings)
+    checks: list[tuple[dict, str, dict]] = [(shard, "sentences", {"max_chars": params.max_chars}) for shard in shards]
     if params.teacher:
-        for uri in shards:
+        for shard in shards:
             encoded = manifest.read(params.store, "encode_teacher",
-                                    datasets.teacher_shard_key(params.teacher, params.ingest_date, uri))
+                                    datasets.teacher_shard_key(params.teacher, params.ingest_date, shard["uri"]))
             for output in (encoded or {"outputs": []})["outputs"]:
-                checks.append((output["uri"], "embeddings", {"dim": params.teacher_dim, "min_norm": params.min_norm,
-                                                             "max_norm": params.max_norm}))
+                checks.append((output, "embeddings", {"dim": params.teacher_dim, "min_norm": params.min_norm,
+                                                      "max_norm": params.max_norm}))
     if params.pca_name and params.teacher:
         fitted = manifest.read(params.store, "fit_pca", f"{models.slug(params.teacher)}/{params.pca_name}")
         if fitted is None:
             raise QualityError(f"{params.store}: no PCA run {params.pca_name!r} for {params.teacher!r}")
-        checks.extend((o["uri"], "targets", {"min_variance": params.min_variance})
+        checks.extend((o, "targets", {"min_variance": params.min_variance})
                       for o in fitted["outputs"] if o["contract"] == "projected_targets")
+    inputs = [{"uri": o["uri"], "sha256": o["sha256"], "rows": o["rows"]} for o, _, _ in checks]
     stage_run = manifest.StageRun(stage=STAGE, key=key, store=params.store, params=params.model_dump(mode="json"),
-                                  inputs=[{"uri": uri, "sha256": _sha(uri), "rows": None} for uri, _, _ in checks])
+                                  inputs=inputs)
     if not force and (done := stage_run.completed()) is not None:
         return manifest.StageResult(stage_run.uri, skipped=True, manifest=done)
     results = []
     with stage_run.phase("check"):
-        for uri, suite, settings in checks:
+        for output, suite, settings in checks:
+            uri = output["uri"]
             table = storage.read_parquet(uri)
             if suite == "embeddings" and settings["dim"] is None:
                 settings = {**settings, "dim": table.schema.field("embedding").type.list_size}
@@ -159,6 +162,3 @@ def run(params: QualityParams, force: bool = False, progress: bool = False) -> m
     stage_run.stats = {"checks": len(results), "rows": sum(r["rows"] for r in results), "passed": True}
     return manifest.StageResult(stage_run.uri, skipped=False, manifest=stage_run.publish())
 
-
-def _sha(uri: str) -> str:
-    return manifest.sha256_hex(storage.read_bytes(uri))

@@ -59,14 +59,15 @@ def table(rows: dict[str, list], ingest_date: date) -> pa.Table:
     return contracts.load(DATASET).conform(pa.table(columns))
 
 
-def shards(store: str, ingest_date: date, stages: tuple[str, ...] = WRITER_STAGES) -> list[str]:
-    """A partition's published shards, as the writing stages' manifests list them."""
+def published(store: str, ingest_date: date, stages: tuple[str, ...] = WRITER_STAGES) -> list[dict]:
+    """A partition's published shards as the writing stages' manifests record them (uri, sha256, rows, ...)."""
     key = partition_key(ingest_date)
-    found = []
-    for stage in stages:
-        published = manifest.read(store, stage, key)
-        found.extend(o["uri"] for o in (published or {}).get("outputs", []))
-    return found
+    return [o for stage in stages for o in (manifest.read(store, stage, key) or {}).get("outputs", [])]
+
+
+def shards(store: str, ingest_date: date, stages: tuple[str, ...] = WRITER_STAGES) -> list[str]:
+    """URIs of a partition's published shards."""
+    return [o["uri"] for o in published(store, ingest_date, stages)]
 
 
 def staged_ids(store: str, exclude_key: str | None = None, stages: tuple[str, ...] = ("stage_corpus",)) -> set[str]:

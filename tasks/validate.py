@@ -216,10 +216,9 @@ def _corpus_sample(store: str, teacher: str, size: int) -> tuple[list[str], list
                 continue
             staged = storage.read_parquet(shard_uri, columns=["sentence_id", "text"])
             embedded = storage.read_parquet(encoded["outputs"][0]["uri"])
-            values = embedded.column("embedding").combine_chunks().flatten().to_numpy(zero_copy_only=False)
             ids.extend(staged.column("sentence_id").to_pylist())
             texts.extend(staged.column("text").to_pylist())
-            vectors.append(values.reshape(embedded.num_rows, -1))
+            vectors.append(datasets.vectors(embedded, "embedding"))
             if len(ids) >= size:
                 return ids[:size], texts[:size], np.concatenate(vectors)[:size]
     if len(ids) < 11:
