@@ -22,7 +22,7 @@ from typing import Literal
 from pydantic import Field, model_validator
 from tqdm import tqdm
 
-from tasks import datasets, manifest, sentences, storage
+from tasks import manifest, sentences, storage
 from tasks.config import StageParams
 
 STAGE = "augment"
@@ -200,15 +200,9 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
                              shard_uri, augmenter.method, recorded)
 
     table = sentences.table(rows, params.ingest_date)
-    with stage_run.phase("write_shards"):
-        prefix = storage.join(params.store, OUTPUT_DATASET, key)
-        for index, start in enumerate(range(0, table.num_rows, params.shard_rows)):
-            stage_run.add_shard(datasets.write_shard(prefix, f"part-{index:05d}", table.slice(start, params.shard_rows),
-                                                     sentences.DATASET))
     stage_run.stats = {"rows_written": table.num_rows, "by_method": {m: dict(c) for m, c in counts.items()}}
-    published = stage_run.publish()
-    for stale in previous_outputs - {o["uri"] for o in published["outputs"]}:
-        storage.delete(stale)
+    published = sentences.publish_partition(stage_run, storage.join(params.store, OUTPUT_DATASET, key), table,
+                                            params.shard_rows, previous_outputs)
     return manifest.StageResult(stage_run.uri, skipped=False, manifest=published)
 
 

@@ -13,7 +13,7 @@ from datetime import date
 import numpy as np
 import pyarrow as pa
 
-from tasks import contracts, manifest, storage
+from tasks import contracts, datasets, manifest, storage
 
 DATASET = "sentences"
 WRITER_STAGES = ("stage_corpus", "augment")
@@ -57,6 +57,20 @@ def table(rows: dict[str, list], ingest_date: date) -> pa.Table:
     for name in ("parent_id", "aug_method", "aug_params"):
         columns[name] = pa.array(rows[name], pa.string()) if name in rows else pa.nulls(n, pa.string())
     return contracts.load(DATASET).conform(pa.table(columns))
+
+
+def publish_partition(stage_run: manifest.StageRun, prefix: str, table: pa.Table, shard_rows: int,
+                      previous_outputs: set[str]) -> dict:
+    """Write ``table`` as content-addressed shards under ``prefix``, publish the run's manifest, then delete
+    the shards of the manifest it replaces that it no longer lists. Returns the published manifest."""
+    with stage_run.phase("write_shards"):
+        for index, start in enumerate(range(0, table.num_rows, shard_rows)):
+            stage_run.add_shard(datasets.write_shard(prefix, f"part-{index:05d}", table.slice(start, shard_rows),
+                                                     DATASET))
+    published = stage_run.publish()
+    for stale in previous_outputs - {o["uri"] for o in published["outputs"]}:
+        storage.delete(stale)
+    return published
 
 
 def published(store: str, ingest_date: date, stages: tuple[str, ...] = WRITER_STAGES) -> list[dict]:

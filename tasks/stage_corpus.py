@@ -24,7 +24,7 @@ import pyarrow.parquet as pq
 from pydantic import Field
 from tqdm import tqdm
 
-from tasks import datasets, manifest, sentences, storage
+from tasks import manifest, sentences, storage
 from tasks.config import StageParams
 
 STAGE = "stage_corpus"
@@ -97,17 +97,11 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
 
     # The whole partition is checked before the first shard is written, so a refusal publishes nothing.
     table = sentences.table(rows, params.ingest_date)
-    with stage_run.phase("write_shards"):
-        prefix = storage.join(params.store, DATASET, key)
-        for index, start in enumerate(range(0, table.num_rows, params.shard_rows)):
-            shard = datasets.write_shard(prefix, f"part-{index:05d}", table.slice(start, params.shard_rows), DATASET)
-            stage_run.add_shard(shard)
     stage_run.stats = {"rows_read": sum(i["rows"] for i in stage_run.inputs), "rows_written": table.num_rows,
                        "dropped": {reason: dropped[reason] for reason in
                                    ("empty", "too_long", "duplicate_in_input", "already_staged")}}
-    published = stage_run.publish()
-    for stale in previous_outputs - {o["uri"] for o in published["outputs"]}:
-        storage.delete(stale)
+    published = sentences.publish_partition(stage_run, storage.join(params.store, DATASET, key), table,
+                                            params.shard_rows, previous_outputs)
     return manifest.StageResult(stage_run.uri, skipped=False, manifest=published)
 
 
