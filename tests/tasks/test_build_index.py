@@ -4,8 +4,8 @@ from datetime import date
 
 import pytest
 
-from tasks import build_index, cli, config, contracts, distill, encode_teacher, fit_pca, stage_corpus, storage
-from tests.tiny_models import build_sentence_model
+from tasks import build_index, cli, config, contracts, distill, storage
+from tests.projected_store import PCA_NAME, projected_store
 
 DAY = date(2026, 11, 1)
 TEXTS = [f"sentence {i} about {topic} and {i % 13}" for i, topic in
@@ -15,20 +15,11 @@ TEXTS = [f"sentence {i} about {topic} and {i % 13}" for i, topic in
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """A store with 300 staged sentences and a distilled tiny student (k=8) published as run 'tiny'."""
-    root = tmp_path_factory.mktemp("index")
-    (root / "raw.txt").write_text("\n".join(TEXTS))
-    teacher = str(build_sentence_model(root / "teacher", hidden=48, seed=1))
-    student = str(build_sentence_model(root / "student", hidden=32, seed=2))
-    uri = storage.to_uri(str(root / "store"))
-    stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, {"store": uri, "source": str(root / "raw.txt"),
-                                                                   "ingest_date": DAY, "shard_rows": 120}))
-    encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams,
-                                    {"store": uri, "teacher": teacher, "ingest_date": DAY}))
-    fit_pca.run(config.parse(fit_pca.FitPCAParams, {"store": uri, "teacher": teacher, "k": 8}))
+    prepared = projected_store(tmp_path_factory.mktemp("index"), TEXTS, DAY, shard_rows=120)
     distill.run(config.parse(distill.DistillParams, {
-        "store": uri, "teacher": teacher, "student": student, "pca_name": "k8-uncentered", "max_steps": 2,
-        "batch_size": 16, "val_fraction": 0.1, "name": "tiny", "threads": 1}))
-    return uri
+        "store": prepared["store"], "teacher": prepared["teacher"], "student": prepared["student"],
+        "pca_name": PCA_NAME, "max_steps": 2, "batch_size": 16, "val_fraction": 0.1, "name": "tiny", "threads": 1}))
+    return prepared["store"]
 
 
 def _build(store, **extra):

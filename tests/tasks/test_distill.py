@@ -13,40 +13,25 @@ import pyarrow as pa
 import pytest
 from safetensors.numpy import load
 
-from tasks import config, distill, encode_teacher, fit_pca, stage_corpus, storage
+from tasks import config, distill, storage
 from tasks.distill_data import DistillDataError, ShardPair, read_pair, shard_pairs
 from tasks.encoder import SentenceEncoder
-from tests.tiny_models import build_sentence_model
+from tests.projected_store import PCA_NAME, corpus_lines, projected_store
 
 DAY = date(2026, 11, 1)
-CORPUS = Path(__file__).parents[2] / "data" / "corpus" / "sentences.tsv.gz"
 HELPER = Path(__file__).parent / "helpers" / "slow_distill.py"
 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     """A store with 240 staged sentences, encoded by a tiny teacher and projected to 8 dims."""
-    import gzip
-
     root = tmp_path_factory.mktemp("distill")
-    with gzip.open(CORPUS, "rt") as f:
-        next(f)
-        lines = [next(f).rstrip("\n").split("\t", 1)[1] for _ in range(240)]
-    (root / "raw.txt").write_text("\n".join(lines))
-    teacher = build_sentence_model(root / "teacher", hidden=48, seed=1)
-    student = build_sentence_model(root / "student", hidden=32, seed=2)
-    store = storage.to_uri(str(root / "store"))
-    stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, {"store": store, "source": str(root / "raw.txt"),
-                                                                   "ingest_date": DAY, "shard_rows": 80}))
-    encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams,
-                                    {"store": store, "teacher": str(teacher), "ingest_date": DAY}))
-    fit_pca.run(config.parse(fit_pca.FitPCAParams, {"store": store, "teacher": str(teacher), "k": 8}))
-    return {"store": store, "teacher": str(teacher), "student": str(student), "root": root}
+    return {**projected_store(root, corpus_lines(240), DAY, shard_rows=80), "root": root}
 
 
 def _values(prepared, **extra):
     return {"store": prepared["store"], "teacher": prepared["teacher"], "student": prepared["student"],
-            "pca_name": "k8-uncentered", "batch_size": 16, "lr": 1e-3, "val_fraction": 0.15, "eval_every": 5,
+            "pca_name": PCA_NAME, "batch_size": 16, "lr": 1e-3, "val_fraction": 0.15, "eval_every": 5,
             "checkpoint_every": 1000, "threads": 1, **extra}
 
 
@@ -72,7 +57,7 @@ def _max_diff(a, b):
 
 
 def test_pairs_follow_lineage(prepared):
-    pairs = shard_pairs(prepared["store"], prepared["teacher"], "k8-uncentered")
+    pairs = shard_pairs(prepared["store"], prepared["teacher"], PCA_NAME)
     assert len(pairs) == 3 and sum(p.rows for p in pairs) == 240
     ids, texts, targets = read_pair(pairs[0])
     assert len(ids) == len(texts) == 80 and targets.shape == (80, 8)
@@ -184,7 +169,7 @@ def test_corrupted_checkpoint_is_named_and_nothing_is_published(prepared):
 
 
 def test_bad_training_data_is_named(prepared, tmp_path):
-    pair = shard_pairs(prepared["store"], prepared["teacher"], "k8-uncentered")[0]
+    pair = shard_pairs(prepared["store"], prepared["teacher"], PCA_NAME)[0]
     targets = storage.read_parquet(pair.targets_uri)
     broken = targets.set_column(0, "sentence_id", pa.array(["unknown"] + targets.column("sentence_id").to_pylist()[1:]))
     uri = storage.to_uri(str(tmp_path / "broken.parquet"))

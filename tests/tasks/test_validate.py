@@ -3,8 +3,8 @@ from datetime import date
 
 import pytest
 
-from tasks import config, distill, encode_teacher, fit_pca, stage_corpus, storage, validate
-from tests.tiny_models import build_sentence_model
+from tasks import config, distill, storage, validate
+from tests.projected_store import PCA_NAME, corpus_lines, projected_store
 
 DAY = date(2026, 11, 1)
 
@@ -12,26 +12,13 @@ DAY = date(2026, 11, 1)
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """Staged + encoded + projected (k=8) corpus and two distilled tiny students, 'good' and 'short'."""
-    import gzip
-    from pathlib import Path
-
-    root = tmp_path_factory.mktemp("validate")
-    with gzip.open(Path(__file__).parents[2] / "data" / "corpus" / "sentences.tsv.gz", "rt") as f:
-        next(f)
-        (root / "raw.txt").write_text("\n".join(next(f).rstrip("\n").split("\t", 1)[1] for _ in range(300)))
-    teacher = str(build_sentence_model(root / "teacher", hidden=48, seed=1))
-    student = str(build_sentence_model(root / "student", hidden=32, seed=2))
-    uri = storage.to_uri(str(root / "store"))
-    stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, {"store": uri, "source": str(root / "raw.txt"),
-                                                                   "ingest_date": DAY, "shard_rows": 150}))
-    encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams,
-                                    {"store": uri, "teacher": teacher, "ingest_date": DAY}))
-    fit_pca.run(config.parse(fit_pca.FitPCAParams, {"store": uri, "teacher": teacher, "k": 8}))
+    prepared = projected_store(tmp_path_factory.mktemp("validate"), corpus_lines(300), DAY, shard_rows=150)
     for name, steps in (("good", 20), ("short", 1)):
         distill.run(config.parse(distill.DistillParams, {
-            "store": uri, "teacher": teacher, "student": student, "pca_name": "k8-uncentered", "max_steps": steps,
-            "batch_size": 16, "lr": 1e-3, "val_fraction": 0.1, "name": name, "threads": 1}))
-    return uri
+            "store": prepared["store"], "teacher": prepared["teacher"], "student": prepared["student"],
+            "pca_name": PCA_NAME, "max_steps": steps, "batch_size": 16, "lr": 1e-3, "val_fraction": 0.1,
+            "name": name, "threads": 1}))
+    return prepared["store"]
 
 
 def _validate(store, **extra):
@@ -103,7 +90,7 @@ def test_report_renders_offline_in_headless_chromium(store, tmp_path):
 
     teacher = manifest.read(store, "distill", "good")["params"]["teacher"]
     quality.run(config.parse(quality.QualityParams, {"store": store, "ingest_date": DAY, "teacher": teacher,
-                                                     "pca_name": "k8-uncentered"}))
+                                                     "pca_name": PCA_NAME}))
     result = _validate(store, model_run="good", max_regression=100.0, promote=False, retrieval_sample=120)
     page_uri = next(o["uri"] for o in result.manifest["outputs"] if o["uri"].endswith("report.html"))
     page = storage.read_bytes(page_uri).decode()
