@@ -22,6 +22,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from tasks import config, storage
+from tasks.demo import DemoPlan
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "`airflow dags test` (SQLite metadata), then print where the outputs are")
     demo.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
     demo.add_argument("--airflow-home", default="var/airflow", help="AIRFLOW_HOME of the demo's Airflow")
-    demo.add_argument("--rows", type=int, default=2000, help="corpus sentences to ingest")
-    demo.add_argument("--date", type=date.fromisoformat, default=date(2026, 11, 30), help="the partition's day")
+    demo.add_argument("--rows", type=int, default=DemoPlan.rows, help="corpus sentences to ingest")
+    demo.add_argument("--date", type=date.fromisoformat, default=DemoPlan.day, help="the partition's day")
     demo.add_argument("--query", default="A man is playing a guitar.", help="a sample search on the new index")
     return parser
 
@@ -99,7 +100,7 @@ def _demo(args: dict) -> int:
     from tasks import build_index, demo
 
     store = storage.to_uri(args["store"]) if args["store"] else config.default_store()
-    plan = demo.DemoPlan(store=store, airflow_home=Path(args["airflow_home"]).resolve(), day=args["date"],
+    plan = DemoPlan(store=store, airflow_home=Path(args["airflow_home"]).resolve(), day=args["date"],
                          rows=args["rows"])
     start = time.perf_counter()
     try:

@@ -24,7 +24,7 @@ SAMPLE = Path(__file__).parents[1] / "data" / "corpus" / "sentences.tsv.gz"
 
 
 class DemoError(RuntimeError):
-    pass
+    """A DAG run of the demo failed, or it promoted nothing; the message holds the Airflow output."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class DemoPlan:
     teacher: str | None = None  # default: the DAGs' (HPD_DEFAULT_TEACHER or the packaged mpnet)
     student: str | None = None
     k: int = 128
+    teacher_dtype: str = "bf16"
     amp: str = "bf16"
     model_name: str = "demo-student"
     extra_conf: dict[str, dict] = field(default_factory=dict)
@@ -49,7 +50,8 @@ class DemoPlan:
         teacher = {"teacher": self.teacher} if self.teacher else {}
         confs = {
             "hpd_ingest": {"store": self.store, "source": str(SAMPLE), "limit": self.rows, **teacher,
-                           "augment_methods": ["wordnet", "swap"], "augment_fraction": 0.5, "dtype": self.amp},
+                           "augment_methods": ["wordnet", "swap"], "augment_fraction": 0.5,
+                           "dtype": self.teacher_dtype},
             "hpd_retrain": {"store": self.store, "partitions": [self.day.isoformat()], **models, "k": self.k,
                             "max_rows": None, "epochs": self.epochs, "batch_size": 64, "amp": self.amp,
                             "name": self.model_name},

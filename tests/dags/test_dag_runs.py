@@ -70,8 +70,8 @@ def test_demo_chain_runs_every_dag_and_reruns_idempotently(inputs, tmp_path):
 
     store = storage.to_uri(str(tmp_path / "store"))
     plan = demo.DemoPlan(store=store, airflow_home=tmp_path / "airflow", day=DAY, rows=60, k=8,
-                         teacher=inputs["teacher"], student=inputs["student"], amp="off",
-                         extra_conf={"hpd_ingest": {"dtype": "fp32", "augment_methods": ["swap"]},
+                         teacher=inputs["teacher"], student=inputs["student"], teacher_dtype="fp32", amp="off",
+                         extra_conf={"hpd_ingest": {"augment_methods": ["swap"]},
                                      "hpd_retrain": {"max_steps": 3, "batch_size": 16, "max_regression": 1000.0}})
     walls = demo.run_chain(plan, echo=lambda *a, **k: None)
     assert list(walls) == ["airflow db migrate", "hpd_ingest", "hpd_retrain", "hpd_index", "hpd_quality_report"]
