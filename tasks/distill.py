@@ -18,6 +18,7 @@ Output: ``students/<name>/model/`` (a sentence-transformers folder with a model 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import math
@@ -272,28 +273,16 @@ class Trainer:
         """One optimizer step on a global batch; returns its mean squared error."""
         import torch
 
-        params, world, rank = self.params, self.dist.world, self.dist.rank
+        params, world = self.params, self.dist.world
         rows, k = len(batch.texts), self.data.dim
         micro = math.ceil(rows / params.grad_accum)
         total = 0.0
         for start in range(0, rows, micro):
-            texts = batch.texts[start:start + micro]
-            targets = batch.targets[start:start + micro]
-            local = slice(rank * len(texts) // world, (rank + 1) * len(texts) // world)
-            # A rank whose slice is empty (a short last batch) still joins DDP's gradient all-reduce,
-            # with one row weighted zero.
-            weight = 1.0 if local.stop > local.start else 0.0
-            local = local if weight else slice(0, 1)
-            features = self.model.tokenize(texts[local])
-            goal = torch.as_tensor(targets[local], device=self.model.device)
-            dtype = self.amp if self.amp != "off" else "fp32"
-            output = self.ddp(features, dtype).float()
-            # The step's loss is the squared error summed over the global batch, divided by its size;
-            # DDP averages gradients over ranks, hence * world.
-            sse = ((output - goal) ** 2).sum() * weight
-            loss = sse * world / (rows * k)
-            self.scaler.scale(loss).backward()
-            total += float(sse.detach())
+            # Under DDP, gradients are all-reduced once per step: on the last micro-batch only.
+            accumulate = world > 1 and start + micro < rows
+            with self.ddp.no_sync() if accumulate else contextlib.nullcontext():
+                total += self._micro_step(batch.texts[start:start + micro], batch.targets[start:start + micro],
+                                          rows)
         if world > 1:
             import torch.distributed as torch_dist
 
@@ -307,6 +296,26 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         return total / (rows * k)
+
+    def _micro_step(self, texts: list[str], targets: np.ndarray, rows: int) -> float:
+        """Forward and backward of this rank's share of one micro-batch; returns its summed squared error."""
+        import torch
+
+        world, rank, k = self.dist.world, self.dist.rank, self.data.dim
+        local = slice(rank * len(texts) // world, (rank + 1) * len(texts) // world)
+        # A rank whose slice is empty (a short last batch) still joins DDP's gradient all-reduce,
+        # with one row weighted zero.
+        weight = 1.0 if local.stop > local.start else 0.0
+        local = local if weight else slice(0, 1)
+        features = self.model.tokenize(texts[local])
+        goal = torch.as_tensor(targets[local], device=self.model.device)
+        dtype = self.amp if self.amp != "off" else "fp32"
+        output = self.ddp(features, dtype).float()
+        # The step's loss is the squared error summed over the global batch, divided by its size;
+        # DDP averages gradients over ranks, hence * world.
+        sse = ((output - goal) ** 2).sum() * weight
+        self.scaler.scale(sse * world / (rows * k)).backward()
+        return float(sse.detach())
 
     def validate(self) -> dict:
         """MSE and mean cosine of the student's outputs against the held-out targets."""
