@@ -1,5 +1,6 @@
-"""``dag.test()`` of the DAGs with tiny models: hpd_ingest against file:// and the S3 endpoint, then the
-whole chain (ingest, retrain, index, quality report) against file://."""
+"""The DAGs run end to end with tiny models, against file:// and the S3 endpoint: ``dag.test()`` of
+hpd_ingest, and the whole chain (ingest, retrain, index, quality report) as ``hpd demo`` runs it, through
+``airflow dags test``."""
 
 import gzip
 import json
@@ -63,30 +64,29 @@ def test_ingest_runs_end_to_end(airflow_env, inputs, store_root):
     assert storage.exists(manifest.manifest_uri(store_root, "augment", f"ingest_date={DAY}"))
 
 
-def test_demo_chain_runs_every_dag_and_reruns_idempotently(inputs, tmp_path):
+def test_demo_chain_runs_every_dag_and_reruns_idempotently(inputs, store_root, tmp_path):
     """`hpd demo`'s chain (`airflow dags test` of ingest, retrain, index, quality report) with tiny models:
     a model is promoted and indexed, the outputs are where it says, and a rerun rewrites no manifest."""
     from tasks import build_index, demo
 
-    store = storage.to_uri(str(tmp_path / "store"))
-    plan = demo.DemoPlan(store=store, airflow_home=tmp_path / "airflow", day=DAY, rows=60, k=8,
+    plan = demo.DemoPlan(store=store_root, airflow_home=tmp_path / "airflow", day=DAY, rows=60, k=8,
                          teacher=inputs["teacher"], student=inputs["student"], teacher_dtype="fp32", amp="off",
                          extra_conf={"hpd_ingest": {"augment_methods": ["swap"]},
                                      "hpd_retrain": {"max_steps": 3, "batch_size": 16, "max_regression": 1000.0}})
     walls = demo.run_chain(plan, echo=lambda *a, **k: None)
     assert list(walls) == ["airflow db migrate", "hpd_ingest", "hpd_retrain", "hpd_index", "hpd_quality_report"]
-    where = demo.locations(store)
+    where = demo.locations(store_root)
     assert where["model run"] == "demo-student"
     assert all(storage.exists(where[key]) for key in ("validation report", "index"))
     assert storage.exists(storage.join(where["model (sentence-transformers folder)"], "modules.json"))
-    assert build_index.search(store, "a sentence", 2)
-    assert manifest.read(store, "quality", f"ingest_date={DAY}")["stats"]["passed"] is True
+    assert build_index.search(store_root, "a sentence", 2)
+    assert manifest.read(store_root, "quality", f"ingest_date={DAY}")["stats"]["passed"] is True
 
     def manifests() -> dict[str, bytes]:
         keys = [(stage, key) for stage in ("stage_corpus", "augment", "encode_teacher", "fit_pca", "distill",
                                            "validate", "build_index", "quality")
-                for key in manifest.list_keys(store, stage)]
-        return {f"{s}/{k}": storage.read_bytes(manifest.manifest_uri(store, s, k)) for s, k in keys}
+                for key in manifest.list_keys(store_root, stage)]
+        return {f"{s}/{k}": storage.read_bytes(manifest.manifest_uri(store_root, s, k)) for s, k in keys}
 
     before = manifests()
     assert len(before) >= 8
