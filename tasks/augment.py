@@ -182,12 +182,8 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
 
     with stage_run.phase("load"):
         augmenters = build_augmenters(params)
-        originals = sentences.staged_ids(params.store)
-    rows: dict[str, list] = {name: [] for name in sentences.COLUMNS}
-    seen: set[str] = set()
-    counts: dict[str, Counter] = {a.method: Counter() for a in augmenters}
+    generated: list[tuple[Augmenter, dict, str, str]] = []  # (augmenter, parent, normalised variant, its shard)
     for augmenter in augmenters:
-        recorded = json.dumps(augmenter.params, sort_keys=True)
         with stage_run.phase(augmenter.method):
             for shard_uri in tqdm([o["uri"] for o in source_manifest["outputs"]], disable=not progress,
                                   desc=f"augment {augmenter.method}", unit=" shard"):
@@ -195,9 +191,18 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
                 parents = [p for p in parents if selected(params.seed, augmenter.method, p["sentence_id"],
                                                           params.fraction)]
                 variants = augmenter.apply([(p["sentence_id"], p["text"]) for p in parents])
-                for parent, variant in zip(parents, variants, strict=True):
-                    _collect(rows, counts[augmenter.method], originals, seen, parent, sentences.normalise(variant),
-                             shard_uri, augmenter.method, recorded)
+                generated.extend((augmenter, parent, sentences.normalise(variant), shard_uri)
+                                 for parent, variant in zip(parents, variants, strict=True))
+    with stage_run.phase("dedup"):
+        ids = [sentences.sentence_id(text) if text else None for _, _, text, _ in generated]
+        originals = sentences.already_staged(params.store, [sid for sid in ids if sid])
+        rows: dict[str, list] = {name: [] for name in sentences.COLUMNS}
+        seen: set[str] = set()
+        counts: dict[str, Counter] = {a.method: Counter() for a in augmenters}
+        recorded = {a.method: json.dumps(a.params, sort_keys=True) for a in augmenters}
+        for (augmenter, parent, text, shard_uri), sid in zip(generated, ids, strict=True):
+            _collect(rows, counts[augmenter.method], originals, seen, parent, text, sid, shard_uri,
+                     augmenter.method, recorded[augmenter.method])
 
     table = sentences.table(rows, params.ingest_date)
     stage_run.stats = {"rows_written": table.num_rows, "by_method": {m: dict(c) for m, c in counts.items()}}
@@ -207,12 +212,11 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
 
 
 def _collect(rows: dict[str, list], counts: Counter, originals: set[str], seen: set[str], parent: dict, text: str,
-             source: str, method: str, recorded: str) -> None:
+             sid: str | None, source: str, method: str, recorded: str) -> None:
     counts["generated"] += 1
-    if not text:
+    if sid is None:
         counts["dropped_empty"] += 1
         return
-    sid = sentences.sentence_id(text)
     if sid == parent["sentence_id"] or sid in originals:
         counts["dropped_equals_original"] += 1
         return

@@ -12,6 +12,7 @@ from datetime import date
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tasks import contracts, datasets, manifest, storage
 
@@ -84,14 +85,20 @@ def shards(store: str, ingest_date: date, stages: tuple[str, ...] = WRITER_STAGE
     return [o["uri"] for o in published(store, ingest_date, stages)]
 
 
-def staged_ids(store: str, exclude_key: str | None = None, stages: tuple[str, ...] = ("stage_corpus",)) -> set[str]:
-    """Sentence ids of every partition the given stages published, except ``exclude_key``'s."""
-    ids: set[str] = set()
+def already_staged(store: str, candidate_ids: list[str], exclude_key: str | None = None,
+                   stages: tuple[str, ...] = ("stage_corpus",)) -> set[str]:
+    """Which of ``candidate_ids`` a partition published by ``stages`` (except ``exclude_key``'s) holds.
+    One shard's id column at a time is matched against the candidates, so memory follows the candidates,
+    not the size of the store."""
+    if not candidate_ids:
+        return set()
+    candidates = pa.array(candidate_ids, pa.string())
+    found: set[str] = set()
     for stage in stages:
         for key in manifest.list_keys(store, stage):
             if key == exclude_key:
                 continue
             for output in (manifest.read(store, stage, key) or {"outputs": []})["outputs"]:
-                ids.update(storage.read_parquet(output["uri"], columns=["sentence_id"])
-                           .column("sentence_id").to_pylist())
-    return ids
+                ids = storage.read_parquet(output["uri"], columns=["sentence_id"]).column("sentence_id")
+                found.update(pc.filter(ids, pc.is_in(ids, value_set=candidates)).to_pylist())
+    return found

@@ -62,8 +62,6 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
         return manifest.StageResult(stage_run.uri, skipped=True, manifest=done)
     previous_outputs = {o["uri"] for o in (stage_run.previous() or {}).get("outputs", [])}
 
-    with stage_run.phase("load_staged_ids"):
-        staged = sentences.staged_ids(params.store, exclude_key=key)
     dropped: Counter[str] = Counter()
     rows: dict[str, list] = {name: [] for name in ("sentence_id", "text", "source", "line")}
     seen: set[str] = set()
@@ -87,13 +85,15 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
                     dropped["duplicate_in_input"] += 1
                     continue
                 seen.add(sid)
-                if sid in staged:
-                    dropped["already_staged"] += 1
-                    continue
                 for name, value in zip(rows, (sid, text, uri, line_no), strict=True):
                     rows[name].append(value)
             item["rows"] = read
             remaining = None if remaining is None else remaining - read
+    with stage_run.phase("drop_already_staged"):
+        staged = sentences.already_staged(params.store, rows["sentence_id"], exclude_key=key)
+        keep = [i for i, sid in enumerate(rows["sentence_id"]) if sid not in staged]
+        dropped["already_staged"] = len(rows["sentence_id"]) - len(keep)
+        rows = {name: [values[i] for i in keep] for name, values in rows.items()}
 
     # The whole partition is checked before the first shard is written, so a refusal publishes nothing.
     table = sentences.table(rows, params.ingest_date)
