@@ -64,8 +64,6 @@ def current_pointer_uri(store: str) -> str:
     return storage.join(store, "indexes", "current.json")
 
 
-
-
 def choose_type(requested: str, rows: int) -> str:
     if requested != "auto":
         return requested
@@ -115,7 +113,7 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
            for day in days for o in (manifest.read(params.store, "stage_corpus", f"ingest_date={day}") or
                                      {"outputs": []})["outputs"]],
     )
-    pointer_before = _read_pointer(params.store)
+    pointer_before = storage.read_json_versioned(current_pointer_uri(params.store))
     if not force and (done := stage_run.completed()) is not None:
         return manifest.StageResult(stage_run.uri, skipped=True, manifest=done)
     prefix = storage.join(params.store, "indexes", name, stage_run.fingerprint[:12])
@@ -195,15 +193,6 @@ def measure(index, vectors: np.ndarray, k: int = 10) -> dict:
             f"recall_at_{k}": round(float(recall), 4)}
 
 
-def _read_pointer(store: str) -> tuple[dict | None, str | None]:
-    uri = current_pointer_uri(store)
-    try:
-        info = storage.head(uri)
-        return json.loads(storage.read_bytes(uri)), info.etag
-    except storage.ObjectNotFound:
-        return None, None
-
-
 def promote(store: str, manifest_uri: str, published: dict, seen: tuple[dict | None, str | None]) -> dict:
     """Move ``indexes/current.json`` to a published index, by compare-and-swap against ``seen``."""
     index_uri = next(o["uri"] for o in published["outputs"] if o["uri"].endswith("/index.faiss"))
@@ -227,7 +216,7 @@ def search(store: str, query: str, k: int = 5) -> list[dict]:
 
     from tasks.encoder import SentenceEncoder
 
-    pointer, _ = _read_pointer(store)
+    pointer, _ = storage.read_json_versioned(current_pointer_uri(store))
     if pointer is None:
         raise IndexBuildError(f"{current_pointer_uri(store)}: no index promoted yet; run build-index")
     for uri in (pointer["index"], pointer["ids"]):

@@ -150,14 +150,8 @@ class StageRun:
     def previous(self) -> dict | None:
         """The manifest already published for this stage and key (any fingerprint), if any."""
         self._looked_up = True
-        try:
-            info = storage.head(self.uri)
-            body = storage.read_bytes(self.uri)
-        except storage.ObjectNotFound:
-            self._previous_etag = None
-            return None
-        self._previous_etag = info.etag
-        return json.loads(body)
+        previous, self._previous_etag = storage.read_json_versioned(self.uri)
+        return previous
 
     def completed(self) -> dict | None:
         """The published manifest if it has this run's fingerprint: the work is already done."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import io
+import json
 import os
 import posixpath
 import secrets
@@ -543,6 +544,15 @@ def compare_and_swap(uri: str, data: bytes, expected_etag: str | None) -> Object
 def head(uri: str) -> ObjectInfo:
     """Return size and etag of the object; raises ObjectNotFound."""
     return _backend(uri).head(uri)
+
+
+def read_json_versioned(uri: str) -> tuple[Any, str | None]:
+    """A JSON document and its etag (to pass to :func:`compare_and_swap` later), or ``(None, None)``."""
+    try:
+        info = head(uri)
+        return json.loads(read_bytes(uri)), info.etag
+    except ObjectNotFound:
+        return None, None
 
 
 def exists(uri: str) -> bool:

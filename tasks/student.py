@@ -96,6 +96,7 @@ def initialise_head(encoder: SentenceEncoder, init: Init, texts: list[str], targ
         encoder.dense.linear.bias.copy_(torch.as_tensor(bias, dtype=torch.float32))
     return {"init": init, "rows": len(texts), **({"ridge_alpha": ridge_alpha} if init == "ridge" else {})}
 
+
 def fetch_exported(store: str, run: str, into: Path) -> Path:
     """Download the exported student of distill run ``run`` into ``into``."""
     published = manifest.read(store, "distill", run)
@@ -115,11 +116,4 @@ PROMOTED = "models/current.json"
 
 def promoted(store: str) -> tuple[dict | None, str | None]:
     """The promoted-model pointer (distill run, scores, validation) and its etag, or (None, None)."""
-    import json
-
-    uri = storage.join(store, PROMOTED)
-    try:
-        info = storage.head(uri)
-        return json.loads(storage.read_bytes(uri)), info.etag
-    except storage.ObjectNotFound:
-        return None, None
+    return storage.read_json_versioned(storage.join(store, PROMOTED))

@@ -203,8 +203,6 @@ def _quality_results(store: str) -> list[dict]:
     return results
 
 
-
-
 def _corpus_sample(store: str, teacher: str, size: int) -> tuple[list[str], list[str], np.ndarray]:
     """The first ``size`` staged sentences that have teacher embeddings, with those embeddings."""
     ids, texts, vectors = [], [], []

@@ -65,7 +65,7 @@ def test_auto_picks_by_size():
 
 
 def test_concurrent_promotions_have_one_winner(store):
-    seen = build_index._read_pointer(store)
+    seen = storage.read_json_versioned(build_index.current_pointer_uri(store))
     published = [_build(store, index_type="flat", name=f"race-{i}", promote=False) for i in range(2)]
     barrier, outcomes = threading.Barrier(2), []
 
@@ -93,8 +93,9 @@ def test_missing_objects_leave_the_pointer_alone(store):
     result = _build(store, index_type="flat", name="broken", promote=False)
     index_uri = next(o["uri"] for o in result.manifest["outputs"] if o["uri"].endswith("index.faiss"))
     storage.delete(index_uri)
+    seen = storage.read_json_versioned(build_index.current_pointer_uri(store))
     with pytest.raises(build_index.IndexBuildError, match=f"{index_uri}: missing"):
-        build_index.promote(store, result.manifest_uri, result.manifest, build_index._read_pointer(store))
+        build_index.promote(store, result.manifest_uri, result.manifest, seen)
     assert storage.read_bytes(build_index.current_pointer_uri(store)) == before
 
 
