@@ -96,10 +96,9 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
             raise IndexBuildError(f"{params.store}: no promoted model (models/current.json); validate one or pass "
                                   f"model_run")
         params = params.model_copy(update={"model_run": pointer["model_run"]})
-    days = params.partitions or [date.fromisoformat(k.removeprefix("ingest_date="))
-                                 for k in manifest.list_keys(params.store, "stage_corpus")]
-    shards = [uri for day in days for uri in sentences.shards(params.store, day, ("stage_corpus",))]
-    if not shards:
+    days = params.partitions or sentences.staged_days(params.store)
+    staged = [o for day in days for o in sentences.published(params.store, day, ("stage_corpus",))]
+    if not staged:
         raise IndexBuildError(f"{params.store}: no staged sentences for partitions {days}")
     distilled = manifest.read(params.store, "distill", params.model_run)
     if distilled is None:
@@ -109,9 +108,7 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
         stage=STAGE, key=name, store=params.store, params=params.model_dump(mode="json"),
         inputs=[{"uri": manifest.manifest_uri(params.store, "distill", params.model_run),
                  "sha256": distilled["fingerprint"], "rows": None}]
-        + [{"uri": o["uri"], "sha256": o["sha256"], "rows": o["rows"]}
-           for day in days for o in (manifest.read(params.store, "stage_corpus", f"ingest_date={day}") or
-                                     {"outputs": []})["outputs"]],
+        + [{"uri": o["uri"], "sha256": o["sha256"], "rows": o["rows"]} for o in staged],
     )
     pointer_before = storage.read_json_versioned(current_pointer_uri(params.store))
     if not force and (done := stage_run.completed()) is not None:
@@ -123,7 +120,8 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
         index_type = choose_type(params.index_type, rows)
         factory = factory_string(index_type, rows, encoder.dim, params)  # bad settings fail before any write
         ids, texts, blocks = [], [], []
-        for shard_uri in tqdm(shards, desc=f"index {name} encode", unit=" shard", disable=not progress):
+        for shard_uri in tqdm([o["uri"] for o in staged], desc=f"index {name} encode", unit=" shard",
+                              disable=not progress):
             table = storage.read_parquet(shard_uri, columns=["sentence_id", "text"])
             vectors = encoder.encode(table.column("text").to_pylist(), batch_size=params.batch_size,
                                      dtype=params.dtype)

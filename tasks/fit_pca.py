@@ -58,8 +58,7 @@ def teacher_shards(store: str, teacher: str, partitions: list[date] | None) -> l
     """Manifest outputs of the teacher embeddings of every current sentences shard of the partitions
     (default: every staged partition); a shard not encoded yet is an error naming it."""
     if partitions is None:
-        partitions = [date.fromisoformat(key.removeprefix("ingest_date="))
-                      for key in manifest.list_keys(store, "stage_corpus")]
+        partitions = sentences.staged_days(store)
     outputs, missing = [], []
     for day in partitions:
         for shard_uri in sentences.shards(store, day):

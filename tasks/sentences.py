@@ -74,6 +74,11 @@ def publish_partition(stage_run: manifest.StageRun, prefix: str, table: pa.Table
     return published
 
 
+def staged_days(store: str) -> list[date]:
+    """Every partition the corpus staging has published, in date order."""
+    return [date.fromisoformat(key.removeprefix("ingest_date=")) for key in manifest.list_keys(store, "stage_corpus")]
+
+
 def published(store: str, ingest_date: date, stages: tuple[str, ...] = WRITER_STAGES) -> list[dict]:
     """A partition's published shards as the writing stages' manifests record them (uri, sha256, rows, ...)."""
     key = partition_key(ingest_date)

@@ -21,7 +21,6 @@ import csv
 import io
 import json
 import tempfile
-from datetime import date
 from pathlib import Path
 from typing import Literal
 
@@ -206,8 +205,7 @@ def _quality_results(store: str) -> list[dict]:
 def _corpus_sample(store: str, teacher: str, size: int) -> tuple[list[str], list[str], np.ndarray]:
     """The first ``size`` staged sentences that have teacher embeddings, with those embeddings."""
     ids, texts, vectors = [], [], []
-    for key in manifest.list_keys(store, "stage_corpus"):
-        day = date.fromisoformat(key.removeprefix("ingest_date="))
+    for day in sentences.staged_days(store):
         for shard_uri in sentences.shards(store, day, ("stage_corpus",)):
             encoded = manifest.read(store, "encode_teacher", datasets.teacher_shard_key(teacher, day, shard_uri))
             if encoded is None:
