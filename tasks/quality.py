@@ -49,14 +49,15 @@ def profile(kind: str, table: pa.Table) -> pd.DataFrame:
         return pd.DataFrame({"sentence_id": table.column("sentence_id").to_pylist(),
                              "text": table.column("text").to_pylist(),
                              "text_length": pc.utf8_length(table.column("text")).to_pylist()})
-    column = table.column("embedding" if "embedding" in table.column_names else "target").combine_chunks()
-    lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
+    vector_column = "embedding" if "embedding" in table.column_names else "target"
     if kind == "embeddings":
+        column = table.column(vector_column).combine_chunks()
         rows = [np.asarray(v, dtype=np.float64) for v in column.to_pylist()]
-        return pd.DataFrame({"sentence_id": table.column("sentence_id").to_pylist(), "dim": lengths,
+        return pd.DataFrame({"sentence_id": table.column("sentence_id").to_pylist(),
+                             "dim": pc.list_value_length(column).to_numpy(zero_copy_only=False),
                              "finite": [bool(np.isfinite(r).all()) for r in rows],
                              "norm": [float(np.linalg.norm(r)) if np.isfinite(r).all() else np.nan for r in rows]})
-    values = datasets.vectors(table, "embedding" if "embedding" in table.column_names else "target").astype(np.float64)
+    values = datasets.vectors(table, vector_column).astype(np.float64)
     return pd.DataFrame({"dimension": np.arange(values.shape[1]), "variance": values.var(axis=0)})
 
 
