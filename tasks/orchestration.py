@@ -20,12 +20,12 @@ def with_store(values: dict, params: dict) -> dict:
 
 def shard_groups(params: dict, day: str) -> list[list[int]]:
     """The partition's sentences shards split round-robin into ``params['shard_groups']`` non-empty groups."""
-    store = params.get("store") or config.default_store()
-    count = len(sentences.shards(config.parse(config.StageParams, {"store": store}).store, date.fromisoformat(day)))
+    store = config.parse(config.StageParams, with_store({}, params)).store
+    count = len(sentences.shards(store, date.fromisoformat(day)))
     groups = min(params["shard_groups"], count)
     return [list(range(g, count, groups)) for g in range(groups)]
 
 
 def run_name(context: dict) -> str:
-    """A store-safe name for the Airflow run (used to name a distill run or an index)."""
+    """A store-safe name for the Airflow run (the default name of a distill run)."""
     return "".join(c if c.isalnum() or c in "-_." else "-" for c in context["run_id"])
