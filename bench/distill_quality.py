@@ -92,12 +92,7 @@ def main() -> dict:
         published, seconds = _train(name, overrides)
         runs[name] = {"seconds": round(seconds, 1), "stats": published["stats"]}
         model_dir = ROOT / "var" / "bench" / "students" / name.replace(" ", "_")
-        prefix = distill.model_prefix(STORE, published["key"]) + "/"
-        for uri in storage.list_uris(prefix):
-            path = model_dir / uri[len(prefix):]
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_bytes(storage.read_bytes(uri))
-        distilled = SentenceEncoder.load(str(model_dir))
+        distilled = SentenceEncoder.load(str(student.fetch_exported(STORE, published["key"], model_dir)))
         table[f"student {name} (128-d)"] = _scores(lambda t, m=distilled: m.encode(t, batch_size=64))
         if "random" not in name:
             base = student.build(models.DEFAULT_STUDENT, 128, layers=overrides["student_layers"])

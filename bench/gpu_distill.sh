@@ -22,23 +22,19 @@ hpd distill --device cuda --amp bf16 --batch-size 256 --lr 1e-4 --epochs 5 --eva
     --name gpu-check >/dev/null
 "$PY" - <<'PY'
 import json, os
-from tasks import distill, manifest, storage, sts
+from tasks import manifest, storage, sts, student
 from tasks.encoder import SentenceEncoder
 import tempfile, pathlib
 
 store = storage.to_uri(os.environ["HPD_STORE"])
 published = manifest.read(store, "distill", "gpu-check")
 stats, seconds = published["stats"], published["timings_s"]["train"]
-model_prefix = distill.model_prefix(store, "gpu-check")
+model_prefix = student.exported_prefix(store, "gpu-check")
 losses = storage.read_bytes(model_prefix.removesuffix("/model") + "/losses.jsonl").decode().splitlines()
 print(f"steps: {stats['steps']}, throughput: {stats['steps'] * 256 / seconds:.0f} sentences/s (train phase {seconds:.0f} s)")
 print(f"final training loss: {json.loads(losses[-1])['loss']:.6f}, best validation MSE: {stats['best_val_mse']:.6f}")
 with tempfile.TemporaryDirectory() as tmp:
-    prefix = model_prefix + "/"
-    for uri in storage.list_uris(prefix):
-        path = pathlib.Path(tmp, uri[len(prefix):]); path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(storage.read_bytes(uri))
-    model = SentenceEncoder.load(tmp, device="cuda")
+    model = SentenceEncoder.load(str(student.fetch_exported(store, "gpu-check", pathlib.Path(tmp))), device="cuda")
     print(f"STS-B test (Spearman x100): {sts.score(lambda t: model.encode(t, batch_size=256), sts.stsb_test()):.2f}")
 PY
 echo "total: $(( $(date +%s) - start )) s"

@@ -94,7 +94,7 @@ def run_chain(plan: DemoPlan, echo=print) -> dict[str, float]:
 
 def locations(store: str) -> dict[str, str]:
     """Where the promoted student, its validation report and the promoted index are."""
-    from tasks import build_index, distill, student
+    from tasks import build_index, student
 
     pointer, _ = student.promoted(store)
     if pointer is None:
@@ -102,5 +102,5 @@ def locations(store: str) -> dict[str, str]:
     run = pointer["model_run"]
     report = next(o["uri"] for o in manifest.read(store, "validate", run)["outputs"] if o["uri"].endswith(".html"))
     index = json.loads(storage.read_bytes(build_index.current_pointer_uri(store)))
-    return {"model run": run, "model (sentence-transformers folder)": distill.model_prefix(store, run),
+    return {"model run": run, "model (sentence-transformers folder)": student.exported_prefix(store, run),
             "validation report": report, "index": index["index"]}

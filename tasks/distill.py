@@ -153,15 +153,6 @@ def run_prefix(params: DistillParams) -> str:
     return storage.join(params.store, "students", params.name)
 
 
-def model_prefix(store: str, name: str) -> str:
-    """The exported sentence-transformers folder of a published distill run."""
-    published = manifest.read(store, STAGE, name)
-    if published is None:
-        raise DistillError(f"{store}: no published distill run {name!r}")
-    modules = next(o["uri"] for o in published["outputs"] if o["uri"].endswith("/model/modules.json"))
-    return modules.removesuffix("/modules.json")
-
-
 def _init_distributed() -> Distributed:
     world = int(os.environ.get("WORLD_SIZE", 1))
     if world == 1:

@@ -97,14 +97,25 @@ def initialise_head(encoder: SentenceEncoder, init: Init, texts: list[str], targ
     return {"init": init, "rows": len(texts), **({"ridge_alpha": ridge_alpha} if init == "ridge" else {})}
 
 
-def fetch_exported(store: str, run: str, into: Path) -> Path:
-    """Download the exported student of distill run ``run`` into ``into``."""
+def _published_model(store: str, run: str) -> tuple[dict, str]:
+    """Distill run ``run``'s manifest and its exported sentence-transformers folder (``.../model``)."""
     published = manifest.read(store, "distill", run)
     if published is None:
         raise StudentError(f"{store}: no published distill run {run!r}")
-    files = [o["uri"] for o in published["outputs"] if "/model/" in o["uri"]]
-    prefix = files[0][: files[0].index("/model/") + len("/model/")]
-    for uri in files:
+    modules = next(o["uri"] for o in published["outputs"] if o["uri"].endswith("/model/modules.json"))
+    return published, modules.removesuffix("/modules.json")
+
+
+def exported_prefix(store: str, run: str) -> str:
+    """The exported sentence-transformers folder (``.../model``) of published distill run ``run``."""
+    return _published_model(store, run)[1]
+
+
+def fetch_exported(store: str, run: str, into: Path) -> Path:
+    """Download the exported student of distill run ``run`` into ``into``."""
+    published, folder = _published_model(store, run)
+    prefix = folder + "/"
+    for uri in (o["uri"] for o in published["outputs"] if o["uri"].startswith(prefix)):
         path = into / uri[len(prefix):]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(storage.read_bytes(uri))

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pytest
 from safetensors.numpy import load
 
-from tasks import config, distill, storage
+from tasks import config, distill, storage, student
 from tasks.distill_data import DistillDataError, ShardPair, read_pair, shard_pairs
 from tasks.encoder import SentenceEncoder
 from tests.projected_store import PCA_NAME, corpus_lines, projected_store
@@ -41,11 +41,11 @@ def _params(prepared, **extra):
 
 def _run_file(store, name, path):
     """A file of a published distill run (its outputs live in a folder per fingerprint)."""
-    return distill.model_prefix(store, name).removesuffix("/model") + "/" + path
+    return student.exported_prefix(store, name).removesuffix("/model") + "/" + path
 
 
 def _weights(store, name):
-    prefix = distill.model_prefix(store, name)
+    prefix = student.exported_prefix(store, name)
     merged = load(storage.read_bytes(f"{prefix}/model.safetensors"))
     merged.update({f"dense.{k}": v for k, v in load(storage.read_bytes(f"{prefix}/2_Dense/model.safetensors")).items()})
     return merged
@@ -90,7 +90,7 @@ def test_exported_model_loads_in_sentence_transformers(prepared, tmp_path):
 
     distill.run(_params(prepared, max_steps=4, name="export"))
     folder = tmp_path / "export"
-    prefix = distill.model_prefix(prepared["store"], "export") + "/"
+    prefix = student.exported_prefix(prepared["store"], "export") + "/"
     for uri in storage.list_uris(prefix):
         path = folder / uri[len(prefix):]
         path.parent.mkdir(parents=True, exist_ok=True)
