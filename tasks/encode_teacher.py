@@ -40,13 +40,18 @@ class EncodeTeacherParams(StageParams):
     shards: list[int] | None = Field(None, description="encode only these input shard positions")
 
 
+def encoded(store: str, teacher: str, ingest_date: date,
+            stages: tuple[str, ...] = sentences.WRITER_STAGES) -> list[tuple[str, dict | None]]:
+    """Each current sentences shard of a partition (as ``stages`` published it) with the manifest of its
+    teacher embeddings, or None where it is not encoded yet."""
+    return [(uri, manifest.read(store, STAGE, datasets.teacher_shard_key(teacher, ingest_date, uri)))
+            for uri in sentences.shards(store, ingest_date, stages)]
+
+
 def output_shards(store: str, teacher: str, ingest_date: date) -> list[str]:
     """Published teacher-embedding shards of a partition, one per current sentences shard that is encoded."""
-    uris = []
-    for shard_uri in sentences.shards(store, ingest_date):
-        published = manifest.read(store, STAGE, datasets.teacher_shard_key(teacher, ingest_date, shard_uri))
-        uris.extend(o["uri"] for o in (published or {"outputs": []})["outputs"])
-    return uris
+    return [o["uri"] for _, published in encoded(store, teacher, ingest_date) if published
+            for o in published["outputs"]]
 
 
 def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False) -> manifest.StageResult:

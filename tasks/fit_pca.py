@@ -27,12 +27,11 @@ import pyarrow as pa
 from pydantic import Field, model_validator
 from tqdm import tqdm
 
-from tasks import datasets, manifest, models, sentences, storage
+from tasks import datasets, encode_teacher, manifest, models, sentences, storage
 from tasks.config import StageParams
 from tasks.projection import Mode, MomentAccumulator, PCAError, Projection
 
 STAGE = "fit_pca"
-TEACHER_STAGE = "encode_teacher"
 TARGETS = "projected_targets"
 CHUNK_ROWS = 8192
 
@@ -59,18 +58,12 @@ def teacher_shards(store: str, teacher: str, partitions: list[date] | None) -> l
     (default: every staged partition); a shard not encoded yet is an error naming it."""
     if partitions is None:
         partitions = sentences.staged_days(store)
-    outputs, missing = [], []
-    for day in partitions:
-        for shard_uri in sentences.shards(store, day):
-            published = manifest.read(store, TEACHER_STAGE, datasets.teacher_shard_key(teacher, day, shard_uri))
-            if published is None:
-                missing.append(shard_uri)
-            else:
-                outputs.extend(published["outputs"])
+    pairs = [pair for day in partitions for pair in encode_teacher.encoded(store, teacher, day)]
+    missing = [shard_uri for shard_uri, published in pairs if published is None]
     if missing:
         raise PCAError(f"{len(missing)} sentences shard(s) not encoded by {teacher!r} yet, e.g. {missing[0]}; "
                        f"run encode-teacher first")
-    return outputs
+    return [o for _, published in pairs for o in published["outputs"]]
 
 
 def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> manifest.StageResult:

@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from tasks import datasets, manifest, metrics, sentences, storage, sts
+from tasks import datasets, encode_teacher, manifest, metrics, sentences, storage, sts
 from tasks.config import StageParams
 
 STAGE = "validate"
@@ -206,8 +206,7 @@ def _corpus_sample(store: str, teacher: str, size: int) -> tuple[list[str], list
     """The first ``size`` staged sentences that have teacher embeddings, with those embeddings."""
     ids, texts, vectors = [], [], []
     for day in sentences.staged_days(store):
-        for shard_uri in sentences.shards(store, day, ("stage_corpus",)):
-            encoded = manifest.read(store, "encode_teacher", datasets.teacher_shard_key(teacher, day, shard_uri))
+        for shard_uri, encoded in encode_teacher.encoded(store, teacher, day, ("stage_corpus",)):
             if encoded is None:
                 continue
             staged = storage.read_parquet(shard_uri, columns=["sentence_id", "text"])
