@@ -96,10 +96,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _store(args: dict) -> str:
+    """The ``--store`` option as a URI, else ``$HPD_STORE`` / ``./var/store``."""
+    return storage.to_uri(args["store"]) if args["store"] else config.default_store()
+
+
 def _demo(args: dict) -> int:
     from tasks import build_index, demo
 
-    store = storage.to_uri(args["store"]) if args["store"] else config.default_store()
+    store = _store(args)
     plan = DemoPlan(store=store, airflow_home=Path(args["airflow_home"]).resolve(), day=args["date"],
                          rows=args["rows"])
     start = time.perf_counter()
@@ -121,7 +126,7 @@ def _demo(args: dict) -> int:
 def _search(args: dict) -> int:
     from tasks import build_index
 
-    store = storage.to_uri(args["store"]) if args["store"] else config.default_store()
+    store = _store(args)
     try:
         hits = build_index.search(store, args["query"], args["k"])
     except (ValueError, storage.StorageError) as exc:
