@@ -3,7 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
-# WordNet 3.0 for the augmentation stage (Debian's packages, copied where NLTK reads it: tasks/wordnet.py)
+# WordNet 3.0 for the augmentation stage (Debian's packages, copied where NLTK reads it: tasks/ml/wordnet.py)
 WORDNET := $(HOME)/.cache/hpd-pipeline/nltk_data/corpora/wordnet/lexnames
 STORE ?= var/store
 DEMO_DATE ?= 2026-11-30
@@ -26,7 +26,7 @@ $(INSTALLED): requirements.lock requirements-models.lock pyproject.toml
 $(WORDNET): | $(INSTALLED)
 	test -f /usr/share/wordnet/data.noun || { apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base wordnet-sense-index; }
-	$(BIN)/python -m tasks.wordnet
+	$(BIN)/python -m tasks.ml.wordnet
 
 # Headless Chromium for the report's screenshot test (Debian's package).
 /usr/bin/chromium:

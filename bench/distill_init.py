@@ -10,8 +10,10 @@ The trained outcomes of ridge against random at the same budget are in ``distill
 from __future__ import annotations
 
 from bench import distill_quality, results
-from tasks import config, distill, models
-from tasks.distill_data import TrainingData, shard_pairs
+from tasks.core import config
+from tasks.ml import models
+from tasks.stages import distill
+from tasks.stages.distill.data import TrainingData, shard_pairs
 
 INITS = ("random", "pca", "ridge")
 

@@ -17,8 +17,10 @@ from datetime import date
 from pathlib import Path
 
 from bench import results
-from tasks import augment, config, distill, encode_teacher, fit_pca, models, sentences, stage_corpus, storage, sts
-from tasks.projection import load_projection
+from tasks.core import config, sentences, storage
+from tasks.ml import models, sts
+from tasks.ml.projection import load_projection
+from tasks.stages import augment, distill, encode_teacher, fit_pca, stage_corpus
 
 ROOT = Path(__file__).parents[1]
 STORE = storage.to_uri(str(ROOT / "var" / "bench" / "distill_quality"))
@@ -74,8 +76,8 @@ def _scores(encode) -> dict:
 def main() -> dict:
     import torch
 
-    from tasks import student
-    from tasks.encoder import SentenceEncoder
+    from tasks.ml import student
+    from tasks.ml.encoder import SentenceEncoder
 
     torch.set_num_threads(THREADS)
     started = time.perf_counter()

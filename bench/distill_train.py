@@ -15,10 +15,13 @@ import time
 from datetime import date
 from pathlib import Path
 
-from bench import results, st_trainer_baseline
-from tasks import config, distill, encode_teacher, fit_pca, models, stage_corpus, storage
-from tasks.distill_data import Position, TrainingData, shard_pairs
 from tests.tiny_models import build_sentence_model
+
+from bench import results, st_trainer_baseline
+from tasks.core import config, storage
+from tasks.ml import models
+from tasks.stages import distill, encode_teacher, fit_pca, stage_corpus
+from tasks.stages.distill.data import Position, TrainingData, shard_pairs
 
 ROOT = Path(__file__).parents[1]
 SENTENCES, BATCH, STEPS, WARMUP = 2_000, 64, 10, 2

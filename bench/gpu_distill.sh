@@ -22,8 +22,9 @@ hpd distill --device cuda --amp bf16 --batch-size 256 --lr 1e-4 --epochs 5 --eva
     --name gpu-check >/dev/null
 "$PY" - <<'PY'
 import json, os
-from tasks import manifest, storage, sts, student
-from tasks.encoder import SentenceEncoder
+from tasks.ml import sts, student
+from tasks.core import manifest, storage
+from tasks.ml.encoder import SentenceEncoder
 import tempfile, pathlib
 
 store = storage.to_uri(os.environ["HPD_STORE"])

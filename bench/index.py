@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from bench import distill_quality, results
-from tasks import build_index, datasets, manifest, models, sentences, storage, student
+from tasks.core import datasets, manifest, sentences, storage
+from tasks.ml import models, student
+from tasks.stages import build_index
 
 STUDENT_RUN = "MiniLM-L6"
 QUERIES = 1000
@@ -26,7 +28,7 @@ def main() -> dict:
     import faiss
     import torch
 
-    from tasks.encoder import SentenceEncoder
+    from tasks.ml.encoder import SentenceEncoder
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     faiss.omp_set_num_threads(len(os.sched_getaffinity(0)))

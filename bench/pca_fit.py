@@ -14,9 +14,10 @@ import tempfile
 from datetime import date
 from pathlib import Path
 
-from bench import results
-from tasks import storage
 from tests.synthetic import correlated_embeddings, publish_teacher_shards
+
+from bench import results
+from tasks.core import storage
 
 DIM, K, SHARD_ROWS = 768, 128, 10_000
 ROW_COUNTS = (20_000, 200_000)
@@ -30,7 +31,8 @@ def _child(store: str, which: str) -> None:
     import time
 
     if which == "ours":
-        from tasks import config, fit_pca
+        from tasks.core import config
+        from tasks.stages import fit_pca
 
         params = config.parse(fit_pca.FitPCAParams, {"store": store, "teacher": TEACHER, "k": K,
                                                      "write_targets": False})

@@ -14,7 +14,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from bench import results
-from tasks import demo, manifest, storage
+from tasks import demo
+from tasks.core import manifest, storage
 
 WORKDIR = Path(__file__).parents[1] / "var" / "bench" / "pipeline_overhead"
 STAGES = ("stage_corpus", "augment", "encode_teacher", "fit_pca", "distill", "validate", "build_index", "quality")

@@ -16,8 +16,8 @@ from pathlib import Path
 import pandas as pd
 
 from bench import results
-from tasks import config, storage
-from tasks.stage_corpus import StageCorpusParams, run
+from tasks.core import config, storage
+from tasks.stages.stage_corpus import StageCorpusParams, run
 
 CORPUS = Path(__file__).parents[1] / "data" / "corpus" / "sentences.tsv.gz"
 REPEATS = 3
@@ -27,7 +27,7 @@ def _ours(workdir: Path, attempt: int) -> int:
     params = config.parse(StageCorpusParams, {"source": str(CORPUS), "column": "sentence",
                                               "ingest_date": date(2026, 1, 1),
                                               "store": storage.to_uri(str(workdir / f"ours-{attempt}"))})
-    return run(params).manifest["stats"]["rows_read"]
+    return run(params).stats["rows_read"]
 
 
 def _pandas(workdir: Path, attempt: int) -> int:

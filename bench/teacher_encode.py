@@ -42,8 +42,8 @@ def main() -> dict:
     import torch
     from sentence_transformers import SentenceTransformer
 
-    from tasks import models
-    from tasks.encoder import SentenceEncoder
+    from tasks.ml import models
+    from tasks.ml.encoder import SentenceEncoder
 
     torch.set_num_threads(THREADS)
     texts = _sentences()

@@ -9,9 +9,11 @@ publish it and move `indexes/current.json` by compare-and-swap. The logic lives 
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import dag, task
 
-from tasks.dag_defaults import DEFAULT_ARGS, PROMOTED_MODEL
+from tasks.orchestration.dag_params import stage_param
+from tasks.orchestration.defaults import DEFAULT_ARGS, PROMOTED_MODEL, STORE_PARAM
+from tasks.stages.params import BuildIndexParams
 
 
 @dag(
@@ -24,20 +26,20 @@ from tasks.dag_defaults import DEFAULT_ARGS, PROMOTED_MODEL
     tags=["hpd", "index"],
     doc_md=__doc__,
     params={
-        "store": Param(None, type=["null", "string"], description="store root URI (default: $HPD_STORE)"),
-        "index_type": Param("auto", enum=["auto", "flat", "ivf_flat", "hnsw", "ivf_pq"]),
-        "sq8": Param(False, type="boolean"),
+        "store": STORE_PARAM,
+        "index_type": stage_param(BuildIndexParams, "index_type"),
+        "sq8": stage_param(BuildIndexParams, "sq8"),
     },
 )
 def hpd_index():
     @task
     def build_and_promote(**context) -> dict:
-        from tasks import build_index, config, orchestration
+        from tasks.core.catalog import Stage
+        from tasks.orchestration import runtime
 
         p = context["params"]
         values = {"index_type": p["index_type"], "sq8": p["sq8"]}  # named after the promoted model run
-        result = build_index.run(config.parse(build_index.BuildIndexParams, orchestration.with_store(values, p)))
-        return result.manifest["stats"]
+        return runtime.run_stage(Stage.BUILD_INDEX, runtime.stage_params(Stage.BUILD_INDEX, values, p)).stats
 
     build_and_promote()
 

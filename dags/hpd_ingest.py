@@ -5,7 +5,8 @@ For the data interval's day `D`: stage the raw sentence files into `sentences/in
 them (WordNet synonyms by default) and encode every sentences shard with the teacher, one mapped
 task per group of shards. Every step is idempotent per partition (a rerun or backfill skips what its
 manifests say is done), so `airflow backfill create --dag-id hpd_ingest --from-date ... --to-date ...`
-is safe. The logic lives in `tasks/`; this file only wires it.
+is safe. The logic lives in `tasks/`; this file only wires it. Params come from the stages' own
+parameter models; where this DAG's default differs, the param's description says why.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from tasks.dag_defaults import DEFAULT_ARGS, DEFAULT_SOURCE, DEFAULT_TEACHER
+from tasks.orchestration.dag_params import stage_param
+from tasks.orchestration.defaults import DEFAULT_ARGS, DEFAULT_SOURCE, DEFAULT_TEACHER, DEPLOYMENT, STORE_PARAM
+from tasks.stages.params import AugmentParams, EncodeTeacherParams, StageCorpusParams
 
 
 @dag(
@@ -26,53 +29,57 @@ from tasks.dag_defaults import DEFAULT_ARGS, DEFAULT_SOURCE, DEFAULT_TEACHER
     tags=["hpd", "ingest"],
     doc_md=__doc__,
     params={
-        "source": Param(DEFAULT_SOURCE, type="string", description="raw file or prefix URI"),
-        "column": Param("sentence", type="string", description="text field or column"),
-        "limit": Param(None, type=["null", "integer"], minimum=1, description="stage at most this many records"),
-        "store": Param(None, type=["null", "string"], description="store root URI (default: $HPD_STORE)"),
-        "augment_methods": Param(["wordnet"], type="array", items={"enum": ["wordnet", "delete", "swap"]}),
-        "augment_fraction": Param(0.25, type="number", exclusiveMinimum=0, maximum=1),
-        "teacher": Param(DEFAULT_TEACHER, type="string", description="teacher model spec"),
-        "dtype": Param("bf16", enum=["fp32", "bf16", "fp16"]),
+        "source": stage_param(StageCorpusParams, "source", DEFAULT_SOURCE, DEPLOYMENT),
+        "column": stage_param(StageCorpusParams, "column", "sentence", "the vendored corpus's text column"),
+        "limit": stage_param(StageCorpusParams, "limit"),
+        "store": STORE_PARAM,
+        "augment_methods": stage_param(AugmentParams, "methods"),
+        "augment_fraction": stage_param(AugmentParams, "fraction", 0.25,
+                                        "a daily run augments a quarter of the new sentences"),
+        "translate_forward": stage_param(AugmentParams, "translate_forward"),
+        "translate_backward": stage_param(AugmentParams, "translate_backward"),
+        "teacher": stage_param(EncodeTeacherParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT),
+        "dtype": stage_param(EncodeTeacherParams, "dtype", "bf16",
+                             "bf16 autocast is the fast path on the workers' AVX-512 BF16 CPUs and on GPUs"),
         "shard_groups": Param(2, type="integer", minimum=1, description="mapped encode tasks"),
     },
 )
 def hpd_ingest():
     @task
     def stage(**context) -> str:
-        from tasks import config, orchestration, stage_corpus
+        from tasks.core.catalog import Stage
+        from tasks.orchestration import runtime
 
-        params, day = context["params"], orchestration.partition_date(context)
-        values = {"source": params["source"], "column": params["column"], "limit": params["limit"],
-                  "ingest_date": day}
-        stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, orchestration.with_store(values, params)))
+        p, day = context["params"], runtime.partition_date(context)
+        values = {"source": p["source"], "column": p["column"], "limit": p["limit"], "ingest_date": day}
+        runtime.run_stage(Stage.STAGE_CORPUS, runtime.stage_params(Stage.STAGE_CORPUS, values, p))
         return day.isoformat()
 
     @task
     def augment(day: str, **context) -> str:
-        from tasks import augment as augment_stage
-        from tasks import config, orchestration
+        from tasks.core.catalog import Stage
+        from tasks.orchestration import runtime
 
-        params = context["params"]
-        values = {"ingest_date": day, "methods": params["augment_methods"], "fraction": params["augment_fraction"]}
-        augment_stage.run(config.parse(augment_stage.AugmentParams, orchestration.with_store(values, params)))
+        p = context["params"]
+        values = {"ingest_date": day, "methods": p["augment_methods"], "fraction": p["augment_fraction"],
+                  "translate_forward": p["translate_forward"], "translate_backward": p["translate_backward"]}
+        runtime.run_stage(Stage.AUGMENT, runtime.stage_params(Stage.AUGMENT, values, p))
         return day
 
     @task
     def plan_encoding(day: str, **context) -> list[list[int]]:
-        from tasks import orchestration
+        from tasks.orchestration import runtime
 
-        return orchestration.shard_groups(context["params"], day)
+        return runtime.shard_groups(context["params"], day)
 
     @task(max_active_tis_per_dagrun=4)
     def encode(shards: list[int], day: str, **context) -> dict:
-        from tasks import config, encode_teacher, orchestration
+        from tasks.core.catalog import Stage
+        from tasks.orchestration import runtime
 
-        params = context["params"]
-        values = {"ingest_date": day, "teacher": params["teacher"], "dtype": params["dtype"], "shards": shards}
-        result = encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams,
-                                                 orchestration.with_store(values, params)))
-        return result.manifest["stats"]
+        p = context["params"]
+        values = {"ingest_date": day, "teacher": p["teacher"], "dtype": p["dtype"], "shards": shards}
+        return runtime.run_stage(Stage.ENCODE_TEACHER, runtime.stage_params(Stage.ENCODE_TEACHER, values, p)).stats
 
     day = augment(stage())
     encode.partial(day=day).expand(shards=plan_encoding(day))

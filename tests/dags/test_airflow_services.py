@@ -4,15 +4,13 @@ a 2-day backfill of hpd_ingest and a REST-triggered hpd_retrain, and a run that 
 import gzip
 import json
 import time
-from pathlib import Path
 
 import pytest
 
-from tasks import manifest, storage
-from tests.dags.helpers.airflow_services import AirflowServices
-from tests.tiny_models import build_sentence_model
-
-ROOT = Path(__file__).parents[2]
+from tasks.core import manifest, storage
+from tests.support.airflow_services import AirflowServices
+from tests.support.paths import REPO as ROOT
+from tests.support.tiny_models import build_sentence_model
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +36,8 @@ def services(tmp_path_factory):
 def _checksums_agree(store):
     for stage in ("stage_corpus", "augment", "encode_teacher"):
         for key in manifest.list_keys(store, stage):
-            for output in manifest.read(store, stage, key)["outputs"]:
-                assert manifest.sha256_hex(storage.read_bytes(output["uri"])) == output["sha256"], output["uri"]
+            for output in manifest.read(store, stage, key).outputs:
+                assert manifest.sha256_hex(storage.read_bytes(output.uri)) == output.sha256, output.uri
 
 
 def test_two_day_backfill_through_the_rest_api(services):
@@ -50,7 +48,7 @@ def test_two_day_backfill_through_the_rest_api(services):
     days = ("2026-11-01", "2026-11-02")
     for day in days:
         assert services.wait_for_run("hpd_ingest", f"backfill__{day}T00:00:00+00:00", timeout=300) == "success"
-    written = [manifest.read(services.store, "stage_corpus", f"ingest_date={d}")["stats"]["rows_written"] for d in days]
+    written = [manifest.read(services.store, "stage_corpus", f"ingest_date={d}").stats["rows_written"] for d in days]
     assert sum(written) == 40  # both days read the same file: each sentence is stored once
     _checksums_agree(services.store)
 
@@ -75,5 +73,5 @@ def test_a_run_completes_after_the_scheduler_is_killed(services):
     services.kill("scheduler")
     services.start_one("scheduler", ["scheduler", "--skip-serve-logs"])
     assert services.wait_for_run("hpd_ingest", run["dag_run_id"], timeout=400) == "success"
-    assert manifest.read(services.store, "stage_corpus", "ingest_date=2026-11-05")["stats"]["rows_written"] == 0
+    assert manifest.read(services.store, "stage_corpus", "ingest_date=2026-11-05").stats["rows_written"] == 0
     _checksums_agree(services.store)

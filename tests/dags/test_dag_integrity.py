@@ -1,12 +1,12 @@
 """Every DAG file imports cleanly and fast, and every DAG carries docs, tags and retries."""
 
 import time
-from pathlib import Path
 
 import pytest
 from airflow.dag_processing.dagbag import DagBag
 
-DAGS = Path(__file__).parents[2] / "dags"
+from tests.support.paths import DAGS, INFRA
+
 FILES = sorted(DAGS.glob("*.py"))
 
 
@@ -45,7 +45,7 @@ def test_heavy_libraries_are_imported_inside_tasks():
     probe = ("import sys; from airflow.dag_processing.dagbag import DagBag; "
              f"bag = DagBag({str(DAGS)!r}); assert not bag.import_errors, bag.import_errors; "
              "print(sorted(m for m in ('torch', 'transformers', 'faiss', 'great_expectations', 'sklearn', "
-             "'sentence_transformers', 'tasks.encoder', 'tasks.distill') if m in sys.modules))")
+             "'sentence_transformers', 'tasks.ml.encoder', 'tasks.stages.distill') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "[]"
 
@@ -56,11 +56,11 @@ def test_distill_task_pod_asks_for_a_gpu(dagbag, monkeypatch):
     from airflow.providers.cncf.kubernetes.pod_generator import PodGenerator
     from airflow.serialization.serialized_objects import DagSerialization
 
-    from tasks.dag_defaults import gpu_executor_config
+    from tasks.orchestration.defaults import gpu_executor_config
 
     serialized = DagSerialization.from_dict(DagSerialization.to_dict(dagbag.dags["hpd_retrain"]))
     override = PodGenerator.from_obj(serialized.get_task("distill").executor_config)
-    template = PodGenerator.deserialize_model_file(str(Path(__file__).parents[2] / "infra/helm/gpu-pod-template.yaml"))
+    template = PodGenerator.deserialize_model_file(str(INFRA / "helm/gpu-pod-template.yaml"))
     (container,) = PodGenerator.reconcile_pods(template, override).spec.containers
     assert container.name == "base" and container.image == "hpd-pipeline/worker-gpu:latest"
     assert container.resources.limits["nvidia.com/gpu"] == "1" and container.resources.requests["nvidia.com/gpu"] == "1"

@@ -12,11 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from tasks import manifest, sentences, storage
-from tests.tiny_models import build_sentence_model
+from tasks.core import catalog, manifest, sentences, storage
+from tests.support.paths import REPO as ROOT
+from tests.support.paths import SUPPORT
+from tests.support.tiny_models import build_sentence_model
 
-ROOT = Path(__file__).parents[2]
-HELPER = Path(__file__).parent / "helpers" / "run_dag.py"
+HELPER = SUPPORT / "run_dag.py"
 DAY = date(2026, 11, 3)
 
 
@@ -61,13 +62,14 @@ def test_ingest_runs_end_to_end(airflow_env, inputs, store_root):
     assert [uri.rsplit("/", 3)[-3] for uri in shards] == ["sentences", "sentences_aug"]
     encoded = manifest.list_keys(store_root, "encode_teacher")
     assert len(encoded) == len(shards)
-    assert storage.exists(manifest.manifest_uri(store_root, "augment", f"ingest_date={DAY}"))
+    assert storage.exists(catalog.manifest_uri(store_root, "augment", f"ingest_date={DAY}"))
 
 
 def test_demo_chain_runs_every_dag_and_reruns_idempotently(inputs, store_root, tmp_path):
     """`hpd demo`'s chain (`airflow dags test` of ingest, retrain, index, quality report) with tiny models:
     a model is promoted and indexed, the outputs are where it says, and a rerun rewrites no manifest."""
-    from tasks import build_index, demo
+    from tasks import demo
+    from tasks.stages import build_index
 
     plan = demo.DemoPlan(store=store_root, airflow_home=tmp_path / "airflow", day=DAY, rows=60, k=8,
                          teacher=inputs["teacher"], student=inputs["student"], teacher_dtype="fp32", amp="off",
@@ -80,13 +82,13 @@ def test_demo_chain_runs_every_dag_and_reruns_idempotently(inputs, store_root, t
     assert all(storage.exists(where[key]) for key in ("validation report", "index"))
     assert storage.exists(storage.join(where["model (sentence-transformers folder)"], "modules.json"))
     assert build_index.search(store_root, "a sentence", 2)
-    assert manifest.read(store_root, "quality", f"ingest_date={DAY}")["stats"]["passed"] is True
+    assert manifest.read(store_root, "quality", f"ingest_date={DAY}").stats["passed"] is True
 
     def manifests() -> dict[str, bytes]:
         keys = [(stage, key) for stage in ("stage_corpus", "augment", "encode_teacher", "fit_pca", "distill",
                                            "validate", "build_index", "quality")
                 for key in manifest.list_keys(store_root, stage)]
-        return {f"{s}/{k}": storage.read_bytes(manifest.manifest_uri(store_root, s, k)) for s, k in keys}
+        return {f"{s}/{k}": storage.read_bytes(catalog.manifest_uri(store_root, s, k)) for s, k in keys}
 
     before = manifests()
     assert len(before) >= 8

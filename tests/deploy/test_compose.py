@@ -6,7 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).parents[2]
+from tests.support.paths import REPO as ROOT
+
 COMPOSE = ROOT / "docker" / "compose.yaml"
 
 

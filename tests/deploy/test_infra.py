@@ -1,11 +1,10 @@
 """Static checks of infra/: Helm values, the GPU pod template and the bucket's Terraform."""
 
 import re
-from pathlib import Path
 
 import yaml
 
-INFRA = Path(__file__).parents[2] / "infra"
+from tests.support.paths import INFRA
 
 
 def test_helm_values_use_the_kubernetes_executor_and_remote_logs():

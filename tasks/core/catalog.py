@@ -1,0 +1,183 @@
+"""The catalog: where every dataset, artifact, manifest and pointer lives in the store, and what names it.
+
+One owner of the store's layout (Dagster's IO-manager idea): stages ask the catalog for a key or a
+path and never spell another stage's. Paths are built from a store root URI; everything below it is
+fixed here:
+
+=====================================================  ===========================================
+``sentences/ingest_date=D/``                            staged corpus shards (stage_corpus)
+``sentences_aug/ingest_date=D/``                        augmented sentences (augment)
+``teacher/<teacher>/ingest_date=D/``                    teacher embeddings (encode_teacher)
+``pca/<teacher>/<pca run>/<fp12>/``                     the PCA artifact and its summary (fit_pca)
+``targets/<teacher>/<pca run>/``                        projected targets (fit_pca)
+``students/<run>/<fp12>/``, ``students/<run>/checkpoints/``  exported student, checkpoints (distill)
+``validation/<run>/<fp12>/``                            metrics and report (validate)
+``indexes/<name>/<fp12>/``                              FAISS index and id map (build_index)
+``quality/ingest_date=D/<fp12>/results.json``           expectation results (quality)
+``manifests/<stage>/<key>.json``                        every stage run's manifest
+``models/current.json``, ``indexes/current.json``       the promoted model and index pointers
+=====================================================  ===========================================
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from datetime import date
+from enum import StrEnum
+from typing import Any
+
+from tasks.core.uris import join
+
+
+class Stage(StrEnum):
+    """The pipeline's stages, as named in manifests and store paths."""
+
+    STAGE_CORPUS = "stage_corpus"
+    AUGMENT = "augment"
+    ENCODE_TEACHER = "encode_teacher"
+    FIT_PCA = "fit_pca"
+    DISTILL = "distill"
+    VALIDATE = "validate"
+    BUILD_INDEX = "build_index"
+    QUALITY = "quality"
+
+
+# The stages that write the ``sentences`` dataset, and the folder each writes to.
+SENTENCE_WRITERS = (Stage.STAGE_CORPUS, Stage.AUGMENT)
+_SENTENCE_FOLDERS = {Stage.STAGE_CORPUS: "sentences", Stage.AUGMENT: "sentences_aug"}
+
+# Run names (PCA runs, distill runs, index names) become one path segment.
+RUN_NAME_PATTERN = r"^[A-Za-z0-9_.=-]*$"
+_FINGERPRINT_CHARS = 12
+
+
+class PointerMoved(RuntimeError):
+    """A pointer changed since it was read; the compare-and-swap lost."""
+
+
+# -- names --------------------------------------------------------------------------------------------------
+def slug(spec: str) -> str:
+    """A path-safe name for a model spec (its last path component), used in store paths."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.rstrip("/").rsplit("/", 1)[-1])
+
+
+def default_pca_name(k: int, mode: str) -> str:
+    return f"k{k}-{mode}"
+
+
+def default_student_run(student: str, layers: int | None, pca_name: str) -> str:
+    return f"{slug(student)}{f'-L{layers}' if layers else ''}-{pca_name}"
+
+
+def airflow_run_name(run_id: str) -> str:
+    """A store-safe name for an Airflow run id (the default name of a distill run)."""
+    return "".join(c if c.isalnum() or c in "-_." else "-" for c in run_id)
+
+
+# -- manifest keys ------------------------------------------------------------------------------------------
+def partition_key(ingest_date: date) -> str:
+    return f"ingest_date={ingest_date.isoformat()}"
+
+
+def partition_date(key: str) -> date:
+    return date.fromisoformat(key.removeprefix("ingest_date="))
+
+
+def teacher_partition(teacher: str, ingest_date: date) -> str:
+    """A partition's teacher embeddings, under ``teacher/`` and ``manifests/encode_teacher/``."""
+    return f"{slug(teacher)}/{partition_key(ingest_date)}"
+
+
+def derived_stem(source_uri: str) -> str:
+    """``<dataset>-<shard name>``: a shard computed from another is named after it."""
+    dataset, _, name = source_uri.rsplit("/", 3)[-3:]
+    return f"{dataset}-{name.removesuffix('.parquet')}"
+
+
+def teacher_shard_key(teacher: str, ingest_date: date, sentences_uri: str) -> str:
+    """The encode_teacher manifest key of the embeddings of one sentences shard."""
+    return f"{teacher_partition(teacher, ingest_date)}/{derived_stem(sentences_uri)}"
+
+
+def pca_key(teacher: str, pca_name: str) -> str:
+    return f"{slug(teacher)}/{pca_name}"
+
+
+# -- paths --------------------------------------------------------------------------------------------------
+def manifest_uri(store: str, stage: Stage, key: str) -> str:
+    return join(store, "manifests", stage, f"{key}.json")
+
+
+def manifests_prefix(store: str, stage: Stage, under: str = "") -> str:
+    root = join(store, "manifests", stage)
+    return join(root, under) if under else root
+
+
+def sentences_prefix(store: str, writer: Stage, ingest_date: date) -> str:
+    return join(store, _SENTENCE_FOLDERS[writer], partition_key(ingest_date))
+
+
+def teacher_prefix(store: str, teacher: str, ingest_date: date) -> str:
+    return join(store, "teacher", teacher_partition(teacher, ingest_date))
+
+
+def pca_prefix(store: str, teacher: str, pca_name: str, fingerprint: str) -> str:
+    return join(store, "pca", pca_key(teacher, pca_name), fingerprint[:_FINGERPRINT_CHARS])
+
+
+def targets_prefix(store: str, teacher: str, pca_name: str) -> str:
+    return join(store, "targets", pca_key(teacher, pca_name))
+
+
+def student_prefix(store: str, run: str, fingerprint: str) -> str:
+    return join(store, "students", run, fingerprint[:_FINGERPRINT_CHARS])
+
+
+def checkpoints_prefix(store: str, run: str) -> str:
+    return join(store, "students", run, "checkpoints")
+
+
+def validation_prefix(store: str, model_run: str, fingerprint: str) -> str:
+    return join(store, "validation", model_run, fingerprint[:_FINGERPRINT_CHARS])
+
+
+def index_prefix(store: str, name: str, fingerprint: str) -> str:
+    return join(store, "indexes", name, fingerprint[:_FINGERPRINT_CHARS])
+
+
+def quality_results_uri(store: str, ingest_date: date, fingerprint: str) -> str:
+    return join(store, "quality", partition_key(ingest_date), fingerprint[:_FINGERPRINT_CHARS],
+                        "results.json")
+
+
+# -- pointers -----------------------------------------------------------------------------------------------
+class Pointer(StrEnum):
+    """The two pointers a promotion moves: to the promoted student and to the promoted index."""
+
+    MODEL = "models/current.json"
+    INDEX = "indexes/current.json"
+
+
+def pointer_uri(store: str, pointer: Pointer) -> str:
+    return join(store, pointer)
+
+
+def read_pointer(store: str, pointer: Pointer) -> tuple[dict[str, Any] | None, str | None]:
+    """The pointer's content and etag, or (None, None) while nothing is promoted."""
+    from tasks.core import storage  # the storage clients load on first I/O: DAG files import the catalog
+
+    value, etag = storage.read_json_versioned(pointer_uri(store, pointer))
+    return value, etag
+
+
+def move_pointer(store: str, pointer: Pointer, value: dict[str, Any], seen_etag: str | None) -> None:
+    """Point ``pointer`` at ``value`` by compare-and-swap against the version read as ``seen_etag``;
+    raises :class:`PointerMoved` if it changed since."""
+    from tasks.core import storage
+
+    uri = pointer_uri(store, pointer)
+    try:
+        storage.compare_and_swap(uri, json.dumps(value, indent=2).encode(), seen_etag)
+    except storage.PreconditionFailed:
+        raise PointerMoved(f"{uri}: moved by another run since this one read it") from None

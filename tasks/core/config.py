@@ -1,0 +1,56 @@
+"""Typed, validated stage parameters.
+
+Each stage declares a frozen pydantic model; :func:`parse` turns raw values (from the CLI, an
+Airflow ``Param`` or a test) into it, or raises :class:`ConfigError` listing every wrong value.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tasks.core.uris import to_uri
+
+DEFAULT_STORE = "var/store"
+
+
+def default_store() -> str:
+    """The store root: ``HPD_STORE`` or the embedded ``file://`` folder ``./var/store``."""
+    return to_uri(os.environ.get("HPD_STORE", DEFAULT_STORE))
+
+
+class ConfigError(ValueError):
+    """Stage parameters that fail validation; the message names each wrong field."""
+
+
+class StageParams(BaseModel):
+    """Common ground of every stage's parameters."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    store: str = Field(default_factory=default_store,
+                       description="root URI of the object store (file:// or s3://)")
+
+    @field_validator("store")
+    @classmethod
+    def _store_uri(cls, value: str) -> str:
+        return to_uri(value)
+
+
+P = TypeVar("P", bound=StageParams)
+
+
+def parse(model: type[P], values: dict) -> P:
+    """Validate ``values`` into ``model``; unknown keys and wrong values raise :class:`ConfigError`."""
+    try:
+        return model.model_validate(values)
+    except ValidationError as exc:
+        problems = []
+        for error in exc.errors():
+            where = ".".join(str(part) for part in error["loc"]) or "(parameters)"
+            given = error.get("input")
+            shown = "" if isinstance(given, dict) or error["type"] == "missing" else f" (got {given!r})"
+            problems.append(f"  {where}: {error['msg']}{shown}")
+        raise ConfigError(f"invalid {model.__name__} parameters:\n" + "\n".join(problems)) from None

@@ -1,0 +1,330 @@
+"""Stage-run manifests: the audit record every stage writes last, and the basis of skipping.
+
+A manifest lives where the catalog puts it (``manifests/<stage>/<key>.json``; the key names what the
+run covers, e.g. ``ingest_date=2026-11-30``). Its records are typed: :class:`Input`, :class:`Output`
+and :class:`Manifest`; on disk it is JSON checked against ``schemas/manifest.schema.json``. Its ``fingerprint`` hashes the stage, key, input checksums and
+params: a run that finds a manifest with its own fingerprint has nothing to do. The manifest is
+published after every output (create-if-absent the first time, compare-and-swap on a rerun), so
+"manifest present" means "outputs complete".
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import socket
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from functools import cache
+from importlib import metadata, resources
+from pathlib import Path
+from typing import Any, Self
+
+import jsonschema
+
+from tasks.core import catalog, storage
+from tasks.core.catalog import Stage
+
+MANIFEST_VERSION = 1
+KEY_PACKAGES = ("hpd-pipeline", "apache-airflow", "torch", "transformers", "sentence-transformers",
+                "pyarrow", "polars", "numpy", "faiss-cpu", "boto3", "great-expectations")
+# Whole words only: "aws_secret_access_key" and "session_token" are secrets, "max_tokens" is not.
+_SECRET_KEY = re.compile(r"(^|_)(secret|password|passwd|token|credentials?|access_key|api_key)(_id)?$",
+                         re.IGNORECASE)
+_URI_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Input:
+    """Something a stage run read: its URI, checksum and (when known) rows and bytes."""
+
+    uri: str
+    sha256: str
+    rows: int | None = None
+    bytes: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        record = {"uri": self.uri, "sha256": self.sha256, "rows": self.rows}
+        return record if self.bytes is None else {**record, "bytes": self.bytes}
+
+
+@dataclass(frozen=True)
+class Output:
+    """Something a stage run published; ``contract`` names the data contract of a dataset shard."""
+
+    uri: str
+    sha256: str
+    rows: int | None
+    bytes: int
+    contract: str | None = None
+    schema_version: int | None = None
+
+    @property
+    def name(self) -> str:
+        """The last segment of the URI (``index.faiss``, ``metrics.json`` ...)."""
+        return self.uri.rsplit("/", 1)[-1]
+
+    def as_input(self) -> Input:
+        """This output as a downstream stage records it among its inputs."""
+        return Input(self.uri, self.sha256, self.rows, self.bytes)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A published stage-run manifest. ``params`` and ``stats`` are the stage's own records."""
+
+    stage: str
+    key: str
+    run_id: str
+    fingerprint: str
+    inputs: tuple[Input, ...]
+    outputs: tuple[Output, ...]
+    params: dict[str, Any]
+    stats: dict[str, Any]
+    document: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_dict(cls, document: dict[str, Any], uri: str = "<manifest>") -> Self:
+        try:
+            return cls(document["stage"], document["key"], document["run_id"], document["fingerprint"],
+                       tuple(Input(**i) for i in document["inputs"]), tuple(Output(**o) for o in document["outputs"]),
+                       document["params"], document["stats"], document)
+        except (KeyError, TypeError) as exc:
+            raise ManifestError(f"{uri}: not a manifest ({type(exc).__name__}: {exc})") from None
+
+    def outputs_of(self, contract: str) -> list[Output]:
+        """The outputs written under data contract ``contract``."""
+        return [o for o in self.outputs if o.contract == contract]
+
+    def output_named(self, name: str) -> Output:
+        """The output whose URI ends with ``/name``."""
+        for output in self.outputs:
+            if output.uri.endswith("/" + name):
+                return output
+        raise ManifestError(f"{self.stage} run {self.key!r} lists no output named {name!r}")
+
+
+@dataclass(frozen=True)
+class StageResult:
+    """What a stage run returns: where its manifest is, whether it was a skip, its stats and outputs.
+    ``manifest`` is None where a run publishes several manifests (encode_teacher: one per shard)."""
+
+    manifest_uri: str
+    skipped: bool
+    stats: dict[str, Any]
+    outputs: tuple[Output, ...]
+    manifest: Manifest | None = None
+
+    @classmethod
+    def of(cls, manifest: Manifest, uri: str, skipped: bool) -> Self:
+        return cls(uri, skipped, manifest.stats, manifest.outputs, manifest)
+
+
+class ManifestError(ValueError):
+    """A manifest that does not validate, or a concurrent run that published a different one."""
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def redact(value: Any) -> Any:
+    """Drop credentials: secret-looking keys are masked and URI user-info is removed."""
+    if isinstance(value, dict):
+        return {k: "***" if _SECRET_KEY.search(str(k)) else redact(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [redact(v) for v in value]
+    if isinstance(value, str):
+        return _URI_USERINFO.sub(r"\1", value)
+    return value
+
+
+def fingerprint(stage: str, key: str, inputs: list[Input], params: dict[str, Any]) -> str:
+    canonical = json.dumps(
+        {"stage": stage, "key": key, "inputs": sorted((i.uri, i.sha256) for i in inputs),
+         "params": params},
+        sort_keys=True, default=str,
+    )
+    return sha256_hex(canonical.encode())
+
+
+@cache
+def _schema() -> dict:
+    return json.loads(resources.files("schemas").joinpath("manifest.schema.json").read_text())
+
+
+def validate(manifest: dict) -> None:
+    """Raise :class:`ManifestError` unless ``manifest`` matches ``schemas/manifest.schema.json``."""
+    try:
+        jsonschema.validate(manifest, _schema(), format_checker=jsonschema.FormatChecker())
+    except jsonschema.ValidationError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
+        raise ManifestError(f"manifest invalid at {where}: {exc.message}") from None
+
+
+@cache
+def code_version() -> str:
+    """The git commit of the checkout the code runs from, else the package version."""
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                             text=True, timeout=5, check=True).stdout.strip()
+        if sha:
+            return f"git:{sha}"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return f"hpd-pipeline=={metadata.version('hpd-pipeline')}"
+
+
+@cache
+def package_versions() -> dict[str, str]:
+    versions = {}
+    for name in KEY_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+    return versions
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+@dataclass
+class StageRun:
+    """Collects one stage run's inputs, outputs, stats and timings, and publishes its manifest."""
+
+    stage: Stage
+    key: str
+    store: str
+    params: dict[str, Any]
+    inputs: list[Input]
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    outputs: list[Output] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    timings_s: dict[str, float] = field(default_factory=dict)
+    started_at: str = field(default_factory=_now)
+    _clock: float = field(default_factory=time.perf_counter)
+    _previous: Manifest | None = None
+    _previous_etag: str | None = None
+    _looked_up: bool = False
+
+    @property
+    def uri(self) -> str:
+        return catalog.manifest_uri(self.store, self.stage, self.key)
+
+    @property
+    def fingerprint(self) -> str:
+        return fingerprint(self.stage, self.key, self.inputs, self.params)
+
+    def previous(self) -> Manifest | None:
+        """The manifest already published for this stage and key (any fingerprint), if any."""
+        self._looked_up = True
+        document, self._previous_etag = storage.read_json_versioned(self.uri)
+        self._previous = None if document is None else Manifest.from_dict(document, self.uri)
+        return self._previous
+
+    def previous_outputs(self) -> set[str]:
+        """URIs listed by the manifest this run replaces, as read when the run first looked for it."""
+        previous = self._previous if self._looked_up else self.previous()
+        return {o.uri for o in previous.outputs} if previous else set()
+
+    def completed(self) -> Manifest | None:
+        """The published manifest if it has this run's fingerprint: the work is already done."""
+        previous = self.previous()
+        if previous is not None and previous.fingerprint == self.fingerprint:
+            return previous
+        return None
+
+    def skip_result(self, force: bool) -> StageResult | None:
+        """The result of skipping this run (its manifest matches), or None when it must run."""
+        done = None if force else self.completed()
+        return None if done is None else StageResult.of(done, self.uri, skipped=True)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings_s[name] = round(self.timings_s.get(name, 0.0) + time.perf_counter() - start, 4)
+
+    def add_output(self, uri: str, body: bytes, rows: int | None = None) -> None:
+        """Record a published object that is not a dataset shard."""
+        self.outputs.append(Output(uri, sha256_hex(body), rows, len(body)))
+
+    def write_output(self, uri: str, body: bytes, rows: int | None = None) -> None:
+        """Publish ``body`` at ``uri`` and record it."""
+        storage.write_bytes(uri, body)
+        self.add_output(uri, body, rows)
+
+    def add_shard(self, shard: Any) -> None:
+        """Record a published :class:`tasks.core.datasets.Shard`."""
+        self.outputs.append(Output(shard.uri, shard.sha256, shard.rows, shard.bytes, shard.contract,
+                                   shard.schema_version))
+
+    def build(self) -> dict[str, Any]:
+        self.timings_s["total"] = round(time.perf_counter() - self._clock, 4)
+        document = redact({
+            "manifest_version": MANIFEST_VERSION,
+            "stage": str(self.stage),
+            "run_id": self.run_id,
+            "key": self.key,
+            "fingerprint": self.fingerprint,
+            "inputs": [i.to_dict() for i in self.inputs],
+            "outputs": [asdict(o) for o in self.outputs],
+            "params": self.params,
+            "stats": self.stats,
+            "code_version": code_version(),
+            "packages": package_versions(),
+            "started_at": self.started_at,
+            "ended_at": _now(),
+            "timings_s": self.timings_s,
+            "host": socket.gethostname(),
+        })
+        validate(document)
+        return document
+
+    def publish(self) -> StageResult:
+        """Validate and publish the manifest; call after every output is published.
+
+        Replaces the manifest seen by :meth:`previous` by compare-and-swap, so a concurrent run
+        that published in between is detected instead of overwritten.
+        """
+        if not self._looked_up:
+            self.previous()
+        document = self.build()
+        body = json.dumps(document, indent=2, sort_keys=True).encode()
+        try:
+            storage.compare_and_swap(self.uri, body, self._previous_etag)
+        except storage.PreconditionFailed:
+            document = json.loads(storage.read_bytes(self.uri))
+            if document.get("fingerprint") != self.fingerprint:
+                raise ManifestError(f"{self.uri}: a concurrent {self.stage} run published a manifest for "
+                                    f"different inputs or params; rerun to reconcile") from None
+        return StageResult.of(Manifest.from_dict(document, self.uri), self.uri, skipped=False)
+
+
+def read(store: str, stage: Stage, key: str) -> Manifest | None:
+    """A published manifest, or None."""
+    uri = catalog.manifest_uri(store, stage, key)
+    try:
+        document = json.loads(storage.read_bytes(uri))
+    except storage.ObjectNotFound:
+        return None
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{uri}: not a readable manifest ({exc})") from None
+    return Manifest.from_dict(document, uri)
+
+
+def list_keys(store: str, stage: Stage, under: str = "") -> list[str]:
+    """Keys of every manifest published for ``stage`` (optionally under a key prefix), sorted."""
+    root = catalog.manifests_prefix(store, stage)
+    return sorted(uri[len(root) + 1:].removesuffix(".json")
+                  for uri in storage.list_uris(catalog.manifests_prefix(store, stage, under)) if uri.endswith(".json"))

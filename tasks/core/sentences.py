@@ -1,0 +1,106 @@
+"""The ``sentences`` dataset's shared ground: normalisation, sentence ids, rows, published shards.
+
+Both the corpus staging and the augmentation stage write this dataset; every other stage reads it
+through the shard lists in those stages' manifests.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from datetime import date
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks.core import catalog, contracts, datasets, manifest, storage
+from tasks.core.catalog import Stage
+
+DATASET = "sentences"
+COLUMNS = ("sentence_id", "text", "source", "line", "parent_id", "aug_method", "aug_params")
+
+
+def normalise(text: str) -> str:
+    """Unicode NFC with whitespace runs collapsed to one space and the ends stripped."""
+    return " ".join(unicodedata.normalize("NFC", text).split())
+
+
+def sentence_id(text: str) -> str:
+    """Stable content hash of a normalised sentence: blake2b-128, hex. Part of the data contract."""
+    return hashlib.blake2b(text.encode(), digest_size=16).hexdigest()
+
+
+def hashed_below(sentence_ids: list[str], fraction: float, salt: str) -> np.ndarray:
+    """Rows whose seeded hash of the sentence id falls below ``fraction``: a uniform, deterministic,
+    order-free selection (samples, validation splits)."""
+    if fraction >= 1.0:
+        return np.ones(len(sentence_ids), dtype=bool)
+    scale = float(1 << 64)
+    return np.array([int.from_bytes(hashlib.blake2b(f"{salt}:{sid}".encode(), digest_size=8).digest(), "big")
+                     / scale < fraction for sid in sentence_ids], dtype=bool)
+
+
+def table(rows: dict[str, list], ingest_date: date) -> pa.Table:
+    """A contract-checked ``sentences`` table from column lists (lineage columns may be absent)."""
+    n = len(rows["sentence_id"])
+    columns = {
+        "sentence_id": pa.array(rows["sentence_id"], pa.string()),
+        "text": pa.array(rows["text"], pa.string()),
+        "source": pa.array(rows["source"], pa.string()),
+        "line": pa.array(rows["line"], pa.int64()),
+        "ingest_date": pa.array([ingest_date] * n, pa.date32()),
+    }
+    for name in ("parent_id", "aug_method", "aug_params"):
+        columns[name] = pa.array(rows[name], pa.string()) if name in rows else pa.nulls(n, pa.string())
+    return contracts.load(DATASET).conform(pa.table(columns))
+
+
+def publish_partition(stage_run: manifest.StageRun, ingest_date: date, table: pa.Table,
+                      shard_rows: int) -> manifest.StageResult:
+    """Write ``table`` as content-addressed shards of the run's stage, publish the run's manifest, then
+    delete the shards of the manifest it replaces that it no longer lists."""
+    previous_outputs = stage_run.previous_outputs()
+    prefix = catalog.sentences_prefix(stage_run.store, stage_run.stage, ingest_date)
+    with stage_run.phase("write_shards"):
+        for index, start in enumerate(range(0, table.num_rows, shard_rows)):
+            stage_run.add_shard(datasets.write_shard(prefix, f"part-{index:05d}", table.slice(start, shard_rows),
+                                                     DATASET))
+    published = stage_run.publish()
+    for stale in previous_outputs - {o.uri for o in published.outputs}:
+        storage.delete(stale)
+    return published
+
+
+def staged_days(store: str) -> list[date]:
+    """Every partition the corpus staging has published, in date order."""
+    return [catalog.partition_date(key) for key in manifest.list_keys(store, Stage.STAGE_CORPUS)]
+
+
+def published(store: str, ingest_date: date,
+              stages: tuple[Stage, ...] = catalog.SENTENCE_WRITERS) -> list[manifest.Output]:
+    """A partition's published shards as the writing stages' manifests record them."""
+    key = catalog.partition_key(ingest_date)
+    found = (manifest.read(store, stage, key) for stage in stages)
+    return [o for written in found if written for o in written.outputs]
+
+
+def shards(store: str, ingest_date: date, stages: tuple[Stage, ...] = catalog.SENTENCE_WRITERS) -> list[str]:
+    """URIs of a partition's published shards."""
+    return [o.uri for o in published(store, ingest_date, stages)]
+
+
+def already_staged(store: str, candidate_ids: list[str], exclude_key: str | None = None) -> set[str]:
+    """Which of ``candidate_ids`` a staged corpus partition (except ``exclude_key``'s) holds.
+    One shard's id column at a time is matched against the candidates, so memory follows the candidates,
+    not the size of the store."""
+    if not candidate_ids:
+        return set()
+    candidates = pa.array(candidate_ids, pa.string())
+    found: set[str] = set()
+    for key in manifest.list_keys(store, Stage.STAGE_CORPUS):
+        staged = manifest.read(store, Stage.STAGE_CORPUS, key) if key != exclude_key else None
+        for output in staged.outputs if staged else ():
+            ids = storage.read_parquet(output.uri, columns=["sentence_id"]).column("sentence_id")
+            found.update(pc.filter(ids, pc.is_in(ids, value_set=candidates)).to_pylist())
+    return found

@@ -1,0 +1,546 @@
+"""One object-storage interface for ``file://`` folders and ``s3://`` buckets.
+
+Every function takes a URI and dispatches on its scheme.  Objects are published atomically: a
+reader sees either the previous complete object or the new complete object, never a partial one.
+
+Local URIs are ``file://`` followed by an absolute path, used verbatim (no percent-encoding).
+S3 URIs are ``s3://bucket/key``.  The S3 client comes from the Airflow connection named by
+``HPD_AWS_CONN_ID`` when set, else from boto3's default chain (``AWS_ENDPOINT_URL``,
+``AWS_ACCESS_KEY_ID``, ``AWS_DEFAULT_REGION`` ...).  botocore's "standard" retry mode backs off and
+retries throttling, 5xx and connection errors.  Tuning: ``HPD_S3_MAX_ATTEMPTS`` (total attempts per
+request, default 8), ``HPD_S3_MULTIPART_THRESHOLD`` (default 64 MiB) and ``HPD_S3_PART_SIZE``
+(default 8 MiB, min 5 MiB).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import io
+import json
+import os
+import secrets
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+import boto3
+import pyarrow as pa
+import pyarrow.parquet as pq
+from botocore.config import Config
+from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, NoCredentialsError
+
+from tasks.core.uris import StorageError, join, to_uri
+
+__all__ = [
+    "ObjectInfo",
+    "ObjectNotFound",
+    "PreconditionFailed",
+    "StorageError",
+    "compare_and_swap",
+    "delete",
+    "exists",
+    "head",
+    "join",
+    "list_uris",
+    "put_if_absent",
+    "read_bytes",
+    "read_parquet",
+    "reset_s3_clients",
+    "s3_client",
+    "to_uri",
+    "write_bytes",
+    "write_parquet",
+]
+
+_MIB = 1024 * 1024
+_CHUNK = _MIB
+_TMP_PREFIX = ".tmp-"
+_LOCK_PREFIX = ".lock-"
+
+
+class ObjectNotFound(StorageError):
+    """The object does not exist."""
+
+
+class PreconditionFailed(StorageError):
+    """A conditional write lost: the object exists already, or its etag is stale."""
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """A published object: its URI, size in bytes and opaque version token."""
+
+    uri: str
+    size: int
+    etag: str
+
+
+Data = bytes | bytearray | memoryview
+
+
+# ----------------------------------------------------------------------------------- local backend
+
+
+def _local_path(uri: str) -> str:
+    return to_uri(uri)[len("file://") :]
+
+
+def _hidden(name: str) -> bool:
+    return name.startswith((_TMP_PREFIX, _LOCK_PREFIX))
+
+
+def _chunks(data: Data | BinaryIO, size: int) -> Iterator[bytes]:
+    """Yield ``data`` in pieces of exactly ``size`` bytes (the last one may be shorter, never empty)."""
+    if isinstance(data, bytes | bytearray | memoryview):
+        view = memoryview(data)
+        for start in range(0, len(view), size):
+            yield bytes(view[start : start + size])
+        return
+    while True:
+        buf = bytearray()
+        while len(buf) < size:
+            piece = data.read(size - len(buf))
+            if not piece:
+                break
+            buf += piece
+        if buf:
+            yield bytes(buf)
+        if len(buf) < size:
+            return
+
+
+class _Local:
+    """Objects are files; temp and lock files are hidden siblings."""
+
+    def _fail(self, uri: str, exc: OSError) -> StorageError:
+        if isinstance(exc, FileNotFoundError):
+            return ObjectNotFound(uri, "object does not exist")
+        if isinstance(exc, IsADirectoryError):
+            return ObjectNotFound(uri, "is a folder, not an object")
+        return StorageError(uri, f"{type(exc).__name__}: {exc.strerror or exc}")
+
+    def _write_temp(self, uri: str, data: Data | BinaryIO) -> tuple[str, int, str]:
+        """Write ``data`` completely to a fsynced hidden temp file; return (temp path, size, etag)."""
+        path = _local_path(uri)
+        folder, name = os.path.split(path)
+        os.makedirs(folder, exist_ok=True)
+        tmp = os.path.join(folder, f"{_TMP_PREFIX}{name}-{secrets.token_hex(6)}")
+        digest, size = hashlib.sha256(), 0
+        try:
+            with open(tmp, "xb") as fh:
+                for chunk in _chunks(data, _CHUNK):
+                    fh.write(chunk)
+                    digest.update(chunk)
+                    size += len(chunk)
+                fh.flush()
+                os.fsync(fh.fileno())
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        return tmp, size, digest.hexdigest()
+
+    def _publish(self, uri: str, data: Data | BinaryIO) -> ObjectInfo:
+        tmp, size, etag = self._write_temp(uri, data)
+        try:
+            os.replace(tmp, _local_path(uri))
+        except BaseException:
+            _unlink_quietly(tmp)
+            raise
+        _fsync_folder(os.path.dirname(_local_path(uri)))
+        return ObjectInfo(uri, size, etag)
+
+    def _link(self, uri: str, data: Data) -> ObjectInfo | None:
+        """Publish only if absent (hard link of a complete temp file); None when it existed."""
+        tmp, size, etag = self._write_temp(uri, data)
+        try:
+            os.link(tmp, _local_path(uri))
+        except FileExistsError:
+            return None
+        finally:
+            _unlink_quietly(tmp)
+        _fsync_folder(os.path.dirname(_local_path(uri)))
+        return ObjectInfo(uri, size, etag)
+
+    def read_bytes(self, uri: str) -> bytes:
+        try:
+            with open(_local_path(uri), "rb") as fh:
+                return fh.read()
+        except OSError as exc:
+            raise self._fail(uri, exc) from exc
+
+    def write_bytes(self, uri: str, data: Data | BinaryIO) -> ObjectInfo:
+        try:
+            return self._publish(uri, data)
+        except OSError as exc:
+            raise self._fail(uri, exc) from exc
+
+    def put_if_absent(self, uri: str, data: Data) -> bool:
+        try:
+            return self._link(uri, data) is not None
+        except OSError as exc:
+            raise self._fail(uri, exc) from exc
+
+    def compare_and_swap(self, uri: str, data: Data, expected_etag: str | None) -> ObjectInfo:
+        try:
+            if expected_etag is None:
+                info = self._link(uri, data)
+                if info is None:
+                    raise PreconditionFailed(uri, "object already exists")
+                return info
+            folder, name = os.path.split(_local_path(uri))
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, f"{_LOCK_PREFIX}{name}"), "a+b") as lock:
+                fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+                try:
+                    current = self.head(uri).etag
+                except ObjectNotFound:
+                    current = None
+                if current != expected_etag:
+                    raise PreconditionFailed(uri, "etag is stale" if current else "object does not exist")
+                return self._publish(uri, data)
+        except OSError as exc:
+            raise self._fail(uri, exc) from exc
+
+    def head(self, uri: str) -> ObjectInfo:
+        digest, size = hashlib.sha256(), 0
+        try:
+            with open(_local_path(uri), "rb") as fh:
+                while chunk := fh.read(_CHUNK):
+                    digest.update(chunk)
+                    size += len(chunk)
+        except OSError as exc:
+            raise self._fail(uri, exc) from exc
+        return ObjectInfo(uri, size, digest.hexdigest())
+
+    def exists(self, uri: str) -> bool:
+        return os.path.isfile(_local_path(uri))
+
+    def list_uris(self, prefix: str) -> list[str]:
+        root = _local_path(prefix)
+        found = []
+        for folder, _dirs, files in os.walk(root):
+            found += ["file://" + os.path.join(folder, f) for f in files if not _hidden(f)]
+        return sorted(found)
+
+    def delete(self, uri: str) -> None:
+        try:
+            os.unlink(_local_path(uri))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise self._fail(uri, exc) from exc
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _fsync_folder(folder: str) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -------------------------------------------------------------------------------------- S3 backend
+
+_AWS_ENV = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_DEFAULT_REGION",
+    "AWS_REGION",
+    "AWS_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+)
+_REJECTED = ("AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken", "403")
+_clients: dict[tuple[str | None, ...], Any] = {}
+_clients_lock = threading.Lock()
+
+
+def _s3_settings() -> tuple[str | None, ...]:
+    conn_id = os.environ.get("HPD_AWS_CONN_ID") or None
+    names = _AWS_ENV + ((f"AIRFLOW_CONN_{conn_id.upper()}",) if conn_id else ())
+    return (conn_id, os.environ.get("HPD_S3_MAX_ATTEMPTS"), *(os.environ.get(n) for n in names))
+
+
+def s3_client() -> Any:
+    """Return the boto3 S3 client for the current environment settings (cached per settings)."""
+    settings = _s3_settings()
+    with _clients_lock:
+        if settings not in _clients:
+            conn_id, attempts = settings[0], int(settings[1] or 8)
+            config = Config(retries={"mode": "standard", "total_max_attempts": attempts})
+            if conn_id:
+                from airflow.providers.amazon.aws.hooks.s3 import S3Hook
+
+                _clients[settings] = S3Hook(aws_conn_id=conn_id, config=config).get_conn()
+            else:
+                _clients[settings] = boto3.session.Session().client("s3", config=config)
+        return _clients[settings]
+
+
+def reset_s3_clients() -> None:
+    """Forget cached S3 clients (tests change the environment between cases)."""
+    with _clients_lock:
+        _clients.clear()
+
+
+def _split_s3(uri: str) -> tuple[str, str]:
+    bucket, _, key = to_uri(uri)[len("s3://") :].partition("/")
+    return bucket, key
+
+
+def _int_env(name: str, default: int) -> int:
+    return int(os.environ.get(name) or default)
+
+
+class _S3:
+    """Objects are S3 keys; conditional writes use If-None-Match / If-Match."""
+
+    def _fail(self, uri: str, exc: Exception) -> StorageError:
+        """Translate a boto error into a StorageError naming the URI (never the credentials)."""
+        if isinstance(exc, ClientError):
+            error = exc.response.get("Error", {})
+            code = str(error.get("Code", ""))
+            status = exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+            if code == "NoSuchBucket":
+                return StorageError(uri, f"bucket '{_split_s3(uri)[0]}' does not exist")
+            if code in ("NoSuchKey", "404", "NotFound"):
+                return ObjectNotFound(uri, "object does not exist")
+            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+                return PreconditionFailed(uri, f"conditional write lost ({code})")
+            if code in _REJECTED or status == 403:
+                return StorageError(uri, f"credentials rejected by S3 ({code or status})")
+            return StorageError(uri, f"S3 error {code or status}: {error.get('Message', '')}".rstrip(": "))
+        if isinstance(exc, NoCredentialsError):
+            return StorageError(uri, "no AWS credentials found")
+        if isinstance(exc, ConnectionError):
+            return StorageError(
+                uri, f"cannot reach the S3 endpoint {s3_client().meta.endpoint_url} ({type(exc).__name__})"
+            )
+        return StorageError(uri, f"S3 request failed: {exc}")
+
+    def _object(self, uri: str) -> tuple[str, str]:
+        bucket, key = _split_s3(uri)
+        if not key:
+            raise StorageError(uri, "an S3 object URI needs a key: s3://bucket/key")
+        return bucket, key
+
+    def _put(self, uri: str, data: Data, **conditions: str) -> ObjectInfo:
+        bucket, key = self._object(uri)
+        try:
+            resp = s3_client().put_object(Bucket=bucket, Key=key, Body=bytes(data), **conditions)
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail(uri, exc) from exc
+        return ObjectInfo(uri, len(data), resp["ETag"])
+
+    def _multipart(self, uri: str, parts: Iterator[bytes]) -> ObjectInfo:
+        """Upload ``parts`` as one multipart upload; the object appears only on completion."""
+        bucket, key = self._object(uri)
+        client = s3_client()
+        try:
+            upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail(uri, exc) from exc
+        try:
+            done, size = [], 0
+            for number, body in enumerate(parts, start=1):
+                resp = client.upload_part(
+                    Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
+                )
+                done.append({"PartNumber": number, "ETag": resp["ETag"]})
+                size += len(body)
+            resp = client.complete_multipart_upload(
+                Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}
+            )
+        except BaseException as exc:
+            try:
+                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=upload_id)
+            except (ClientError, BotoCoreError):
+                pass
+            if isinstance(exc, ClientError | BotoCoreError):
+                raise self._fail(uri, exc) from exc
+            raise
+        return ObjectInfo(uri, size, resp["ETag"])
+
+    def read_bytes(self, uri: str) -> bytes:
+        bucket, key = self._object(uri)
+        try:
+            return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail(uri, exc) from exc
+
+    def write_bytes(self, uri: str, data: Data | BinaryIO) -> ObjectInfo:
+        part_size = max(_int_env("HPD_S3_PART_SIZE", 8 * _MIB), 5 * _MIB)
+        if isinstance(data, bytes | bytearray | memoryview):
+            if len(data) <= _int_env("HPD_S3_MULTIPART_THRESHOLD", 64 * _MIB):
+                return self._put(uri, data)
+            return self._multipart(uri, _chunks(data, part_size))
+        parts = _chunks(data, part_size)
+        first = next(parts, b"")
+        if len(first) < part_size:
+            return self._put(uri, first)
+        return self._multipart(uri, _prepend(first, parts))
+
+    def put_if_absent(self, uri: str, data: Data) -> bool:
+        try:
+            self._put(uri, data, IfNoneMatch="*")
+        except PreconditionFailed:
+            return False
+        return True
+
+    def compare_and_swap(self, uri: str, data: Data, expected_etag: str | None) -> ObjectInfo:
+        try:
+            if expected_etag is None:
+                return self._put(uri, data, IfNoneMatch="*")
+            return self._put(uri, data, IfMatch=expected_etag)
+        except ObjectNotFound as exc:
+            raise PreconditionFailed(uri, "object does not exist") from exc
+
+    def head(self, uri: str) -> ObjectInfo:
+        bucket, key = self._object(uri)
+        client = s3_client()
+        try:
+            resp = client.head_object(Bucket=bucket, Key=key)
+        except ClientError as exc:
+            error = self._fail(uri, exc)
+            if isinstance(error, ObjectNotFound):
+                # HEAD has no error body: tell a missing bucket from a missing key.
+                try:
+                    client.head_bucket(Bucket=bucket)
+                except ClientError as bucket_exc:
+                    if bucket_exc.response.get("Error", {}).get("Code") in ("404", "NoSuchBucket"):
+                        raise StorageError(uri, f"bucket '{bucket}' does not exist") from exc
+            raise error from exc
+        except BotoCoreError as exc:
+            raise self._fail(uri, exc) from exc
+        return ObjectInfo(uri, resp["ContentLength"], resp["ETag"])
+
+    def exists(self, uri: str) -> bool:
+        try:
+            self.head(uri)
+        except ObjectNotFound:
+            return False
+        return True
+
+    def list_uris(self, prefix: str) -> list[str]:
+        bucket, key = _split_s3(prefix)
+        folder = f"{key}/" if key else ""
+        found = []
+        try:
+            for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder):
+                found += [f"s3://{bucket}/{o['Key']}" for o in page.get("Contents", [])]
+        except (ClientError, BotoCoreError) as exc:
+            raise self._fail(prefix, exc) from exc
+        return sorted(u for u in found if not u.endswith("/"))
+
+    def delete(self, uri: str) -> None:
+        bucket, key = self._object(uri)
+        try:
+            s3_client().delete_object(Bucket=bucket, Key=key)
+        except (ClientError, BotoCoreError) as exc:
+            error = self._fail(uri, exc)
+            if not isinstance(error, ObjectNotFound):
+                raise error from exc
+
+
+def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
+    yield first
+    yield from rest
+
+
+# --------------------------------------------------------------------------------------- dispatch
+
+_BACKENDS: dict[str, _Local | _S3] = {"file": _Local(), "s3": _S3()}
+
+
+def _backend(uri: str) -> _Local | _S3:
+    if "://" not in uri:
+        raise StorageError(uri, "not a URI; convert local paths with to_uri()")
+    scheme = uri.split("://", 1)[0]
+    if scheme not in _BACKENDS:
+        raise StorageError(uri, f"unsupported scheme '{scheme}'; expected file:// or s3://")
+    return _BACKENDS[scheme]
+
+
+def read_bytes(uri: str) -> bytes:
+    """Return the whole object; raises ObjectNotFound."""
+    return _backend(uri).read_bytes(uri)
+
+
+def write_bytes(uri: str, data: bytes | BinaryIO) -> ObjectInfo:
+    """Publish ``data`` (bytes or a readable binary stream) atomically, replacing any previous object.
+
+    On S3, bytes above ``HPD_S3_MULTIPART_THRESHOLD`` and streams longer than one part go up as a
+    multipart upload (aborted on error), which becomes visible only when it completes.
+    """
+    return _backend(uri).write_bytes(uri, data)
+
+
+def put_if_absent(uri: str, data: bytes) -> bool:
+    """Create the object only if it does not exist; True if this call created it."""
+    return _backend(uri).put_if_absent(uri, data)
+
+
+def compare_and_swap(uri: str, data: bytes, expected_etag: str | None) -> ObjectInfo:
+    """Replace the object only if its etag is ``expected_etag`` (None: only if absent).
+
+    Raises PreconditionFailed when the expectation is stale.  Locally only compare_and_swap
+    callers serialise on the lock; a plain write_bytes does not take it.
+    """
+    return _backend(uri).compare_and_swap(uri, data, expected_etag)
+
+
+def head(uri: str) -> ObjectInfo:
+    """Return size and etag of the object; raises ObjectNotFound."""
+    return _backend(uri).head(uri)
+
+
+def read_json_versioned(uri: str) -> tuple[Any, str | None]:
+    """A JSON document and its etag (to pass to :func:`compare_and_swap` later), or ``(None, None)``."""
+    try:
+        info = head(uri)
+        return json.loads(read_bytes(uri)), info.etag
+    except ObjectNotFound:
+        return None, None
+
+
+def exists(uri: str) -> bool:
+    """Whether a published object exists at ``uri``."""
+    return _backend(uri).exists(uri)
+
+
+def list_uris(prefix: str) -> list[str]:
+    """Sorted URIs of all published objects under the folder ``prefix``, recursively."""
+    return _backend(prefix).list_uris(prefix)
+
+
+def delete(uri: str) -> None:
+    """Delete the object; a missing object is fine."""
+    _backend(uri).delete(uri)
+
+
+def read_parquet(uri: str, columns: list[str] | None = None) -> pa.Table:
+    """Read a Parquet object, optionally only ``columns``."""
+    data = read_bytes(uri)
+    try:
+        return pq.read_table(pa.BufferReader(data), columns=columns)
+    except (pa.ArrowException, KeyError) as exc:
+        raise StorageError(uri, f"cannot read Parquet: {exc}") from exc
+
+
+def write_parquet(uri: str, table: pa.Table) -> ObjectInfo:
+    """Serialise ``table`` as zstd Parquet in memory, then publish it atomically."""
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd")
+    return write_bytes(uri, sink.getvalue())

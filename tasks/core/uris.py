@@ -1,0 +1,45 @@
+"""Store URIs: ``file://`` + an absolute path, or ``s3://bucket/key``. Pure string work, no I/O, so that
+the parameter models and the catalog's paths load without the storage clients."""
+
+from __future__ import annotations
+
+import os
+import posixpath
+
+
+class StorageError(Exception):
+    """A storage operation failed; ``str(err)`` starts with the URI."""
+
+    def __init__(self, uri: str, message: str) -> None:
+        super().__init__(uri, message)
+        self.uri = uri
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.uri}: {self.message}"
+
+
+def to_uri(path_or_uri: str) -> str:
+    """Return the normalised URI of a local path or a ``file://`` / ``s3://`` URI (no trailing slash)."""
+    if "://" not in path_or_uri:
+        return "file://" + os.path.abspath(path_or_uri)
+    scheme, rest = path_or_uri.split("://", 1)
+    if scheme == "file":
+        if rest.startswith("localhost/"):
+            rest = rest[len("localhost") :]
+        if not rest.startswith("/"):
+            raise StorageError(path_or_uri, "file URIs need an absolute path: file:///abs/path")
+        return "file://" + posixpath.normpath(rest)
+    if scheme == "s3":
+        bucket, _, key = rest.partition("/")
+        if not bucket:
+            raise StorageError(path_or_uri, "S3 URIs need a bucket: s3://bucket/key")
+        key = key.rstrip("/")
+        return f"s3://{bucket}/{key}" if key else f"s3://{bucket}"
+    raise StorageError(path_or_uri, f"unsupported scheme '{scheme}'; expected file:// or s3://")
+
+
+def join(base: str, *parts: str) -> str:
+    """Join path segments onto a URI with ``/``."""
+    segments = [p.strip("/") for p in parts if p.strip("/")]
+    return "/".join([to_uri(base).rstrip("/"), *segments])

@@ -1,0 +1,1 @@
+"""The ML pieces: model resolution, the sentence encoder, the student, PCA projection, metrics and STS."""

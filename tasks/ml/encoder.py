@@ -1,0 +1,219 @@
+"""The batched sentence encoder every stage shares (teacher encoding, student inference, evaluation).
+
+Loads a sentence-transformers folder (Transformer -> Pooling -> optional Dense -> optional
+Normalize, as its ``modules.json`` says) or a plain Hugging Face encoder (mean pooling) with
+``transformers`` directly, and encodes with token-length-bucketed batches under
+``torch.inference_mode`` and an optional autocast dtype (bf16 on CPUs with AVX-512 BF16,
+fp16/bf16 on CUDA). Embeddings come back as float32 in input order.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+from tqdm import tqdm
+from transformers import AutoModel, AutoTokenizer
+from transformers.utils import logging as transformers_logging
+
+from tasks.ml import models
+
+log = logging.getLogger(__name__)
+
+Dtype = Literal["fp32", "bf16", "fp16"]
+_AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
+_ACTIVATIONS = {"torch.nn.modules.activation.Tanh": torch.tanh, "torch.nn.modules.linear.Identity": lambda x: x}
+
+
+@dataclass(frozen=True)
+class Pooling:
+    mode: Literal["mean", "cls", "max"] = "mean"
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> Pooling:
+        config = json.loads((folder / "config.json").read_text())
+        for mode, key in (("cls", "pooling_mode_cls_token"), ("max", "pooling_mode_max_tokens"),
+                          ("mean", "pooling_mode_mean_tokens")):
+            if config.get(key):
+                return cls(mode)
+        raise models.ModelError(f"{folder}: unsupported pooling config {config}")
+
+    def __call__(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        hidden = hidden.float()
+        if self.mode == "cls":
+            return hidden[:, 0]
+        expanded = mask.unsqueeze(-1).to(hidden.dtype)
+        if self.mode == "max":
+            return hidden.masked_fill(expanded == 0, -1e9).max(dim=1).values
+        return (hidden * expanded).sum(dim=1) / expanded.sum(dim=1).clamp(min=1e-9)
+
+
+class Dense(torch.nn.Module):
+    """sentence-transformers' Dense module: linear layer + activation."""
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 activation: str = "torch.nn.modules.activation.Tanh") -> None:
+        super().__init__()
+        if activation not in _ACTIVATIONS:
+            raise models.ModelError(f"unsupported Dense activation {activation!r}")
+        self.linear = torch.nn.Linear(in_features, out_features, bias=bias)
+        self.activation_name = activation
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return _ACTIVATIONS[self.activation_name](self.linear(features))
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> Dense:
+        config = json.loads((folder / "config.json").read_text())
+        dense = cls(config["in_features"], config["out_features"], config.get("bias", True),
+                    config.get("activation_function", "torch.nn.modules.activation.Tanh"))
+        weights = folder / "model.safetensors"
+        state = load_file(weights) if weights.is_file() else torch.load(folder / "pytorch_model.bin",
+                                                                       weights_only=True)
+        dense.load_state_dict(state)
+        return dense
+
+
+def _load_transformer(folder: Path) -> torch.nn.Module:
+    """The transformer, quietly (no load report or progress bar); warns only about missing weights that
+    matter: a pooler head (unused by sentence pooling, and dropped from our exports) is not reported."""
+    verbosity, bars = transformers_logging.get_verbosity(), transformers_logging.is_progress_bar_enabled()
+    transformers_logging.set_verbosity_error()
+    transformers_logging.disable_progress_bar()
+    try:
+        transformer, info = AutoModel.from_pretrained(folder, output_loading_info=True)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+        if bars:
+            transformers_logging.enable_progress_bar()
+    missing = [key for key in info["missing_keys"] if not key.startswith("pooler.")]
+    if missing:
+        log.warning("%s: weights missing from the checkpoint, randomly initialised: %s", folder, missing)
+    return transformer
+
+
+class SentenceEncoder(torch.nn.Module):
+    """A loaded encoder: transformer, pooling, optional dense head and normalisation.
+
+    A ``torch.nn.Module``: the distillation stage trains it (and wraps it in DDP) as it is.
+    """
+
+    def __init__(self, model_id: str, tokenizer, transformer: torch.nn.Module, pooling: Pooling,
+                 dense: Dense | None, normalize: bool, max_seq_length: int, device: torch.device) -> None:
+        super().__init__()
+        self.model_id, self.tokenizer, self.pooling = model_id, tokenizer, pooling
+        self.transformer, self.dense = transformer, dense
+        self.normalize, self.max_seq_length, self.device = normalize, max_seq_length, device
+
+    @classmethod
+    def load(cls, spec: str, device: str = "cpu", max_seq_length: int | None = None) -> SentenceEncoder:
+        folder = models.resolve(spec)
+        modules = _modules(folder)
+        transformer_dir = folder / modules.get("Transformer", "")
+        bert_config = transformer_dir / "sentence_bert_config.json"
+        configured_len = json.loads(bert_config.read_text()).get("max_seq_length") if bert_config.is_file() \
+            else None
+        tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
+        transformer = _load_transformer(transformer_dir)
+        pooling = Pooling.from_folder(folder / modules["Pooling"]) if "Pooling" in modules else Pooling()
+        dense = Dense.from_folder(folder / modules["Dense"]) if "Dense" in modules else None
+        limit = max_seq_length or configured_len or min(tokenizer.model_max_length, 512)
+        target = torch.device(device)
+        encoder = cls(spec, tokenizer, transformer, pooling, dense, "Normalize" in modules, int(limit), target)
+        return encoder.to(target).eval()
+
+    def save(self, folder: Path) -> None:
+        """Write a sentence-transformers folder (Transformer, Pooling, [Dense], [Normalize]; safetensors)."""
+        from safetensors.torch import save_file
+
+        folder.mkdir(parents=True, exist_ok=True)
+        self.transformer.save_pretrained(folder, safe_serialization=True)
+        self.tokenizer.save_pretrained(folder)
+        (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": self.max_seq_length,
+                                                                      "do_lower_case": False}))
+        hidden = self.transformer.config.hidden_size
+        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        (folder / "1_Pooling").mkdir(exist_ok=True)
+        (folder / "1_Pooling" / "config.json").write_text(json.dumps({
+            "word_embedding_dimension": hidden, "pooling_mode_cls_token": self.pooling.mode == "cls",
+            "pooling_mode_mean_tokens": self.pooling.mode == "mean",
+            "pooling_mode_max_tokens": self.pooling.mode == "max"}))
+        if self.dense is not None:
+            dense_dir = folder / "2_Dense"
+            dense_dir.mkdir(exist_ok=True)
+            linear = self.dense.linear
+            (dense_dir / "config.json").write_text(json.dumps({
+                "in_features": linear.in_features, "out_features": linear.out_features,
+                "bias": linear.bias is not None, "activation_function": self.dense.activation_name}))
+            save_file({k: v.detach().cpu().contiguous() for k, v in self.dense.state_dict().items()},
+                      dense_dir / "model.safetensors")
+            modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+        if self.normalize:
+            modules.append({"idx": len(modules), "name": str(len(modules)), "path": f"{len(modules)}_Normalize",
+                            "type": "sentence_transformers.models.Normalize"})
+        (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+
+    @property
+    def dim(self) -> int:
+        return self.dense.linear.out_features if self.dense else self.transformer.config.hidden_size
+
+    def encode(self, texts: list[str], batch_size: int = 64, dtype: Dtype = "fp32",
+               progress: bool = False) -> np.ndarray:
+        """Embeddings of ``texts`` (float32, input order)."""
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        bar = tqdm(total=len(texts), unit=" sent", disable=not progress, desc=f"encode {self.model_id}")
+        with torch.inference_mode():
+            for positions, batch in self._batches(texts, batch_size):
+                out[positions] = self.forward(batch, dtype).cpu().numpy()
+                bar.update(len(positions))
+        bar.close()
+        return out
+
+    def forward(self, batch: dict[str, torch.Tensor], dtype: Dtype = "fp32") -> torch.Tensor:
+        """Pooled (and projected, normalised) embeddings of one tokenised batch; differentiable."""
+        autocast = torch.autocast(self.device.type, dtype=_AUTOCAST.get(dtype, torch.float32),
+                                  enabled=dtype != "fp32")
+        with autocast:
+            hidden = self.transformer(**batch).last_hidden_state
+        embeddings = self.pooling(hidden, batch["attention_mask"])
+        if self.dense is not None:
+            embeddings = self.dense(embeddings)
+        if self.normalize:
+            embeddings = torch.nn.functional.normalize(embeddings, p=2, dim=1)
+        return embeddings
+
+    def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
+        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_length,
+                               return_tensors="pt")
+        return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask")}
+
+    def _batches(self, texts: list[str], batch_size: int) -> Iterator[tuple[np.ndarray, dict]]:
+        """Batches of similar token length (longest first), so padding is minimal."""
+        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length,
+                                 return_attention_mask=False)["input_ids"]
+        order = np.argsort([-len(ids) for ids in encoded], kind="stable")
+        for start in range(0, len(order), batch_size):
+            positions = order[start:start + batch_size]
+            padded = self.tokenizer.pad({"input_ids": [encoded[i] for i in positions]}, return_tensors="pt")
+            yield positions, {"input_ids": padded["input_ids"].to(self.device),
+                              "attention_mask": padded["attention_mask"].to(self.device)}
+
+
+def _modules(folder: Path) -> dict[str, str]:
+    """Module kind -> subfolder, from sentence-transformers' modules.json (empty for a plain HF folder)."""
+    path = folder / "modules.json"
+    if not path.is_file():
+        return {}
+    found = {}
+    for module in json.loads(path.read_text()):
+        kind = module["type"].rsplit(".", 1)[-1]
+        found[kind] = module.get("path", "")
+    return found

@@ -1,0 +1,70 @@
+"""Semantic textual similarity: the vendored STS-B and SICK-R test sets, and their score.
+
+STS is scored as SentEval, SimCSE and HPD do: Spearman's rank correlation between the cosine
+similarity of the two sentence embeddings and the gold score, times 100.
+"""
+
+from __future__ import annotations
+
+import csv
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from importlib.resources.abc import Traversable
+
+import numpy as np
+from scipy.stats import spearmanr
+
+Encode = Callable[[list[str]], np.ndarray]
+
+
+class STSDataError(ValueError):
+    """A pair file that cannot be read; the message names it."""
+
+
+@dataclass(frozen=True)
+class PairSet:
+    name: str
+    first: list[str]
+    second: list[str]
+    scores: np.ndarray
+
+
+def sts_file(*parts: str) -> Traversable:
+    """A file of the STS sets shipped with the package (``tasks/ml/sts_sets``: STS Benchmark and SICK)."""
+    return resources.files(__package__).joinpath("sts_sets", *parts)
+
+
+def stsb_test() -> PairSet:
+    """STS Benchmark test (1,379 pairs, 0-5); uses the first 7 tab-separated columns."""
+    path = sts_file("stsbenchmark", "sts-test.csv")
+    rows = [line.rstrip("\n").split("\t")[:7] for line in path.read_text(encoding="utf-8").splitlines()]
+    return PairSet("STS-B test", [r[5] for r in rows], [r[6] for r in rows], np.array([float(r[4]) for r in rows]))
+
+
+def sick_r_test() -> PairSet:
+    """SICK relatedness, test annotations (4,927 pairs, 1-5)."""
+    path = sts_file("sick", "SICK_test_annotated.txt")
+    with path.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+    return PairSet("SICK-R test", [r["sentence_A"] for r in rows], [r["sentence_B"] for r in rows],
+                   np.array([float(r["relatedness_score"]) for r in rows]))
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    return (a * b).sum(axis=1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-12)
+
+
+def spearman_x100(predicted: np.ndarray, gold: np.ndarray) -> float:
+    return float(spearmanr(predicted, gold).statistic * 100)
+
+
+def score(encode: Encode, pairs: PairSet) -> float:
+    """Spearman x100 of cosine similarity against the gold scores; each distinct sentence encoded once."""
+    unique = sorted(set(pairs.first) | set(pairs.second))
+    index = {text: i for i, text in enumerate(unique)}
+    embeddings = encode(unique)
+    first = embeddings[[index[t] for t in pairs.first]]
+    second = embeddings[[index[t] for t in pairs.second]]
+    return spearman_x100(cosine(first, second), pairs.scores)

@@ -1,0 +1,127 @@
+"""The HPD student: an encoder with mean pooling and a learnable Dense(hidden -> k) head.
+
+Three initialisations of the head, which matter most at small training budgets:
+- ``random``: PyTorch's default for a linear layer (HPD's choice);
+- ``pca``: the top-k principal components of the student's own pooled embeddings, each scaled to
+  the spread of the matching target dimension (so tanh is not saturated);
+- ``ridge``: the closed-form ridge regression from the pooled embeddings to the targets
+  (through atanh when the activation is tanh), fitted on a sample of the training set.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tasks.core import catalog, manifest, storage
+from tasks.core.catalog import Stage
+from tasks.ml.choices import Activation, Init
+from tasks.ml.encoder import Dense, SentenceEncoder
+
+MODEL_FOLDER = "model"  # the exported sentence-transformers folder inside a distill run's outputs
+ACTIVATIONS = {"tanh": "torch.nn.modules.activation.Tanh", "identity": "torch.nn.modules.linear.Identity"}
+
+
+class StudentError(ValueError):
+    """A student that cannot be built as configured."""
+
+
+def build(spec: str, k: int, activation: Activation = "tanh", layers: int | None = None,
+          max_seq_length: int | None = None, dropout: float | None = None, device: str = "cpu") -> SentenceEncoder:
+    """Load the student encoder, keep its first ``layers`` transformer layers, add the Dense head."""
+    encoder = SentenceEncoder.load(spec, device=device, max_seq_length=max_seq_length)
+    if layers is not None:
+        stack = _layer_stack(encoder.transformer, spec)
+        if layers > len(stack):
+            raise StudentError(f"student {spec!r} has {len(stack)} layers, cannot keep {layers}")
+        del stack[layers:]
+        encoder.transformer.config.num_hidden_layers = layers
+    if dropout is not None:
+        for module in encoder.transformer.modules():
+            if isinstance(module, torch.nn.Dropout):
+                module.p = dropout
+        for name in ("hidden_dropout_prob", "attention_probs_dropout_prob"):
+            if hasattr(encoder.transformer.config, name):
+                setattr(encoder.transformer.config, name, dropout)
+    if getattr(encoder.transformer, "pooler", None) is not None:
+        encoder.transformer.pooler = None  # unused by mean pooling; DDP needs every parameter to get a gradient
+    hidden = encoder.transformer.config.hidden_size
+    encoder.dense = Dense(hidden, k, activation=ACTIVATIONS[activation]).to(encoder.device)
+    encoder.normalize = False  # HPD regresses the raw head output onto the projected targets
+    return encoder
+
+
+def _layer_stack(transformer: torch.nn.Module, spec: str) -> torch.nn.ModuleList:
+    stack = getattr(getattr(transformer, "encoder", None), "layer", None)
+    if not isinstance(stack, torch.nn.ModuleList):
+        raise StudentError(f"student {spec!r}: cannot find its transformer layers to cut")
+    return stack
+
+
+def pooled_embeddings(encoder: SentenceEncoder, texts: list[str], batch_size: int = 64) -> np.ndarray:
+    """The student's pooled (pre-head) embeddings, float64."""
+    head, normalize = encoder.dense, encoder.normalize
+    encoder.dense, encoder.normalize = None, False
+    try:
+        return encoder.encode(texts, batch_size=batch_size).astype(np.float64)
+    finally:
+        encoder.dense, encoder.normalize = head, normalize
+
+
+def initialise_head(encoder: SentenceEncoder, init: Init, texts: list[str], targets: np.ndarray,
+                    activation: Activation, ridge_alpha: float = 1.0) -> dict:
+    """Set the Dense head's weights; returns a record of what was done (for the manifest)."""
+    if init == "random":
+        return {"init": "random"}
+    pooled = pooled_embeddings(encoder, texts)
+    mean = pooled.mean(axis=0)
+    centered = pooled - mean
+    goal = np.arctanh(np.clip(targets, -0.999, 0.999)) if activation == "tanh" else targets.astype(np.float64)
+    if init == "ridge":
+        gram = centered.T @ centered + ridge_alpha * np.eye(centered.shape[1])
+        weight = np.linalg.solve(gram, centered.T @ (goal - goal.mean(axis=0))).T
+        bias = goal.mean(axis=0) - weight @ mean
+    else:  # pca
+        k = targets.shape[1]
+        if k > centered.shape[1]:
+            raise StudentError(f"pca init needs k <= hidden size, got k={k} > {centered.shape[1]}")
+        _, singular, components = np.linalg.svd(centered, full_matrices=False)
+        spread = singular[:k] / np.sqrt(max(len(centered) - 1, 1))
+        weight = components[:k] * (goal.std(axis=0) / np.maximum(spread, 1e-12))[:, None]
+        bias = goal.mean(axis=0) - weight @ mean
+    with torch.no_grad():
+        encoder.dense.linear.weight.copy_(torch.as_tensor(weight, dtype=torch.float32))
+        encoder.dense.linear.bias.copy_(torch.as_tensor(bias, dtype=torch.float32))
+    return {"init": init, "rows": len(texts), **({"ridge_alpha": ridge_alpha} if init == "ridge" else {})}
+
+
+def _published_model(store: str, run: str) -> tuple[manifest.Manifest, str]:
+    """Distill run ``run``'s manifest and its exported sentence-transformers folder (``.../model``)."""
+    published = manifest.read(store, Stage.DISTILL, run)
+    if published is None:
+        raise StudentError(f"{store}: no published distill run {run!r}")
+    modules = published.output_named(f"{MODEL_FOLDER}/modules.json").uri
+    return published, modules.removesuffix("/modules.json")
+
+
+def exported_prefix(store: str, run: str) -> str:
+    """The exported sentence-transformers folder (``.../model``) of published distill run ``run``."""
+    return _published_model(store, run)[1]
+
+
+def fetch_exported(store: str, run: str, into: Path) -> Path:
+    """Download the exported student of distill run ``run`` into ``into``."""
+    published, folder = _published_model(store, run)
+    prefix = folder + "/"
+    for uri in (o.uri for o in published.outputs if o.uri.startswith(prefix)):
+        path = into / uri[len(prefix):]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(storage.read_bytes(uri))
+    return into
+
+
+def promoted(store: str) -> tuple[dict | None, str | None]:
+    """The promoted-model pointer (distill run, scores, validation) and its etag, or (None, None)."""
+    return catalog.read_pointer(store, catalog.Pointer.MODEL)

@@ -1,0 +1,1 @@
+"""What the Airflow DAG files use: deployment defaults, the run context, and DAG params from the stages' params."""

@@ -1,0 +1,41 @@
+"""Defaults shared by the DAG files; imports little beyond the Task SDK, so DAG files parse fast."""
+
+import os
+from datetime import timedelta
+
+from airflow.sdk import Asset
+
+from tasks.core.config import StageParams
+from tasks.orchestration.dag_params import stage_param
+
+DEFAULT_ARGS = {"retries": 2, "retry_delay": timedelta(seconds=30), "retry_exponential_backoff": True}
+# Updated when a retrained student passes the quality gate and becomes models/current.json.
+PROMOTED_MODEL = Asset(name="hpd_promoted_model", uri="hpd://models/current")
+
+# Deployment-level defaults of the DAGs' params (a run's conf still overrides them).
+DEFAULT_SOURCE = os.environ.get("HPD_DEFAULT_SOURCE", "data/corpus/sentences.tsv.gz")
+DEFAULT_TEACHER = os.environ.get("HPD_DEFAULT_TEACHER", "all-mpnet-base-v2")
+DEFAULT_STUDENT = os.environ.get("HPD_DEFAULT_STUDENT", "all-MiniLM-L6-v2")
+DEFAULT_K = int(os.environ.get("HPD_DEFAULT_K", "128"))
+DEPLOYMENT = "the deployment's default (HPD_DEFAULT_* variables)"
+# Where the distillation task runs: the Celery queue of the GPU workers, where the deployment has them.
+GPU_QUEUE = os.environ.get("HPD_GPU_QUEUE", "default")
+STORE_PARAM = stage_param(StageParams, "store", None, "empty: $HPD_STORE, else ./var/store")
+
+
+def gpu_executor_config() -> dict:
+    """The distillation task's ``executor_config``. Under the KubernetesExecutor its pod asks for
+    ``$HPD_GPU_COUNT`` (default 1) ``nvidia.com/gpu`` with 8 CPUs and 32-64 GiB, tolerates GPU node taints,
+    and starts from the pod template ``$HPD_GPU_POD_TEMPLATE`` (image, node selector) when the deployment
+    mounts one (infra/helm). Other executors ignore it."""
+    from kubernetes.client import models as k8s
+
+    gpus = os.environ.get("HPD_GPU_COUNT", "1")
+    resources = k8s.V1ResourceRequirements(requests={"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": gpus},
+                                           limits={"memory": "64Gi", "nvidia.com/gpu": gpus})
+    pod = k8s.V1Pod(spec=k8s.V1PodSpec(
+        containers=[k8s.V1Container(name="base", resources=resources)],
+        tolerations=[k8s.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
+    ))
+    template = os.environ.get("HPD_GPU_POD_TEMPLATE")
+    return {"pod_override": pod, **({"pod_template_file": template} if template else {})}

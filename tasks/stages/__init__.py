@@ -1,0 +1,1 @@
+"""The pipeline stages: each a typed ``run(params, force, progress)`` over store URIs that publishes a manifest."""

@@ -1,0 +1,253 @@
+"""Build index: encode the retrieval corpus with a distilled student, build a FAISS index, promote it.
+
+The student is a published distill run (its exported sentence-transformers folder). Each current
+``sentences`` shard of the chosen partitions is encoded into the ``student_embeddings`` dataset;
+the L2-normalised vectors go into a FAISS inner-product index (cosine similarity) of the type the
+config names, or one chosen by size: exact ``flat`` up to 100k vectors, ``hnsw`` up to 1M,
+``ivf_pq`` beyond; ``ivf_flat`` on request; ``sq8`` stores int8 codes instead of float32. The
+manifest records build time, bytes, queries/s at batch 1 and 64 and recall@10 against exact search.
+
+The index, its id map (``index_ids``) and the manifest are published under
+``indexes/<name>/<fingerprint12>/``; only then does ``indexes/current.json`` move, by
+compare-and-swap against the version read before the build, so concurrent rebuilds cannot leave it
+naming a missing or partial index: one wins, the other fails with :class:`PromotionConflict`.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from tqdm import tqdm
+
+from tasks.core import catalog, datasets, manifest, sentences, storage
+from tasks.core.catalog import Pointer, Stage
+from tasks.ml import student
+from tasks.stages.params import BuildIndexParams
+
+QUERY_SAMPLE = 200
+INDEX_FILE = "index.faiss"
+IDS = "index_ids"
+EMBEDDINGS = "student_embeddings"
+
+
+class IndexBuildError(ValueError):
+    """The index cannot be built or promoted as asked; the message names the input."""
+
+
+class PromotionConflict(IndexBuildError):
+    """Another rebuild moved the current pointer first; this index was published but not promoted."""
+
+
+def choose_type(requested: str, rows: int) -> str:
+    if requested != "auto":
+        return requested
+    return "flat" if rows <= 100_000 else "hnsw" if rows <= 1_000_000 else "ivf_pq"
+
+
+def factory_string(index_type: str, rows: int, dim: int, params: BuildIndexParams) -> str:
+    codes = "SQ8" if params.sq8 else "Flat"
+    nlist = params.nlist or max(1, int(4 * np.sqrt(rows)))
+    if index_type == "flat":
+        return codes if params.sq8 else "Flat"
+    if index_type == "hnsw":
+        return f"HNSW{params.hnsw_m},{codes}"
+    if index_type == "ivf_flat":
+        return f"IVF{nlist},{codes}"
+    if dim % params.pq_m:
+        raise IndexBuildError(f"ivf_pq: pq_m={params.pq_m} does not divide the dimension {dim}")
+    return f"IVF{nlist},PQ{params.pq_m}x{params.pq_bits}"
+
+
+def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
+    """Encode the corpus, build and publish the index, then promote it by compare-and-swap."""
+    params = _with_model_run(params)
+    assert params.model_run is not None
+    staged = _corpus_shards(params)
+    distilled = manifest.read(params.store, Stage.DISTILL, params.model_run)
+    if distilled is None:
+        raise IndexBuildError(f"{params.store}: no published distill run {params.model_run!r}")
+    name = params.name or params.model_run
+    distill_uri = catalog.manifest_uri(params.store, Stage.DISTILL, params.model_run)
+    stage_run = manifest.StageRun(stage=Stage.BUILD_INDEX, key=name, store=params.store,
+                                  params=params.model_dump(mode="json"),
+                                  inputs=[manifest.Input(distill_uri, distilled.fingerprint),
+                                          *(o.as_input() for o in staged)])
+    _, seen_etag = catalog.read_pointer(params.store, Pointer.INDEX)
+    if skipped := stage_run.skip_result(force):
+        return skipped
+    prefix = catalog.index_prefix(params.store, name, stage_run.fingerprint)
+    corpus = _encode_corpus(params, stage_run, [o.uri for o in staged], prefix, progress)
+    stage_run.stats = _write_index(stage_run, prefix, corpus, params.nprobe)
+    stage_run.add_shard(datasets.write_shard(prefix, "ids", pa.table({
+        "faiss_id": pa.array(np.arange(len(corpus.ids)), pa.int64()), "sentence_id": corpus.ids,
+        "text": corpus.texts}), IDS))
+    result = stage_run.publish()
+    if params.promote:
+        assert result.manifest is not None
+        promote(params.store, result.manifest, seen_etag)
+    return result
+
+
+def _with_model_run(params: BuildIndexParams) -> BuildIndexParams:
+    """``params`` with the promoted model's run when none is named."""
+    if params.model_run is not None:
+        return params
+    pointer, _ = student.promoted(params.store)
+    if pointer is None:
+        raise IndexBuildError(f"{params.store}: no promoted model ({Pointer.MODEL}); validate one or pass "
+                              f"model_run")
+    return params.model_copy(update={"model_run": pointer["model_run"]})
+
+
+def _corpus_shards(params: BuildIndexParams) -> list[manifest.Output]:
+    days = params.partitions or sentences.staged_days(params.store)
+    staged = [o for day in days for o in sentences.published(params.store, day, (Stage.STAGE_CORPUS,))]
+    if not staged:
+        raise IndexBuildError(f"{params.store}: no staged sentences for partitions {days}")
+    return staged
+
+
+@dataclass(frozen=True)
+class EncodedCorpus:
+    """The corpus as the index holds it: ids, texts, L2-normalised vectors, and the index chosen for it."""
+
+    ids: list[str]
+    texts: list[str]
+    vectors: np.ndarray
+    index_type: str
+    factory: str
+
+
+def _encode_corpus(params: BuildIndexParams, stage_run: manifest.StageRun, shard_uris: list[str], prefix: str,
+                   progress: bool) -> EncodedCorpus:
+    """Encode every corpus shard with the student, publishing its embeddings. Bad index settings fail
+    before the first write."""
+    import faiss
+
+    from tasks.ml.encoder import SentenceEncoder
+
+    assert params.model_run is not None
+    ids, texts, blocks = [], [], []
+    with tempfile.TemporaryDirectory() as scratch, stage_run.phase("encode"):
+        encoder = SentenceEncoder.load(str(student.fetch_exported(params.store, params.model_run, Path(scratch))))
+        rows = sum(i.rows or 0 for i in stage_run.inputs[1:])
+        index_type = choose_type(params.index_type, rows)
+        factory = factory_string(index_type, rows, encoder.dim, params)
+        for shard_uri in tqdm(shard_uris, desc=f"index {stage_run.key} encode", unit=" shard",
+                              disable=not progress):
+            table = storage.read_parquet(shard_uri, columns=["sentence_id", "text"])
+            vectors = encoder.encode(table.column("text").to_pylist(), batch_size=params.batch_size,
+                                     dtype=params.dtype)
+            embeddings = pa.table({"sentence_id": table.column("sentence_id"), "embedding":
+                                   pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1])})
+            stage_run.add_shard(datasets.write_shard(storage.join(prefix, EMBEDDINGS), catalog.derived_stem(shard_uri),
+                                                     embeddings, EMBEDDINGS, dim=vectors.shape[1],
+                                                     model_id=params.model_run))
+            ids.extend(table.column("sentence_id").to_pylist())
+            texts.extend(table.column("text").to_pylist())
+            blocks.append(vectors)
+    vectors = np.ascontiguousarray(np.concatenate(blocks), dtype=np.float32)
+    faiss.normalize_L2(vectors)
+    return EncodedCorpus(ids, texts, vectors, index_type, factory)
+
+
+def _write_index(stage_run: manifest.StageRun, prefix: str, corpus: EncodedCorpus, nprobe: int) -> dict[str, Any]:
+    """Build, measure and publish the index; its stats."""
+    import faiss
+
+    with stage_run.phase("build"):
+        start = time.perf_counter()
+        index = build(corpus.vectors, corpus.factory, nprobe)
+        build_seconds = time.perf_counter() - start
+    with stage_run.phase("measure"):
+        stats = measure(index, corpus.vectors)
+    body = faiss.serialize_index(index).tobytes()
+    stage_run.write_output(storage.join(prefix, INDEX_FILE), body, rows=len(corpus.vectors))
+    return {"index_type": corpus.index_type, "factory": corpus.factory, "rows": len(corpus.vectors),
+            "dim": int(corpus.vectors.shape[1]), "bytes": len(body), "build_seconds": round(build_seconds, 3),
+            **stats}
+
+
+def build(vectors: np.ndarray, factory: str, nprobe: int):
+    import faiss
+
+    index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
+    if not index.is_trained:
+        index.train(vectors)
+    index.add(vectors)
+    if hasattr(index, "nprobe"):
+        index.nprobe = nprobe
+    return index
+
+
+def measure(index, vectors: np.ndarray, k: int = 10) -> dict:
+    """Queries/s at batch 1 and 64 and recall@k against exact search, on a sample of the corpus."""
+    import faiss
+
+    queries = vectors[np.random.default_rng(0).choice(len(vectors), min(QUERY_SAMPLE, len(vectors)), replace=False)]
+    exact = faiss.IndexFlatIP(vectors.shape[1])
+    exact.add(vectors)
+    _, truth = exact.search(queries, k)
+    start = time.perf_counter()
+    for row in queries:
+        index.search(row[None, :], k)
+    qps_1 = len(queries) / (time.perf_counter() - start)
+    start = time.perf_counter()
+    for first in range(0, len(queries), 64):
+        _, found = index.search(queries[first:first + 64], k)
+    qps_64 = len(queries) / (time.perf_counter() - start)
+    _, found = index.search(queries, k)
+    recall = np.mean([len(set(f) & set(t)) / k for f, t in zip(found, truth, strict=True)])
+    return {"queries_per_s_batch1": round(qps_1, 1), "queries_per_s_batch64": round(qps_64, 1),
+            f"recall_at_{k}": round(float(recall), 4)}
+
+
+def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> dict:
+    """Move ``indexes/current.json`` to a published index, by compare-and-swap against ``seen_etag``."""
+    index_uri, ids_uri = published.output_named(INDEX_FILE).uri, published.outputs_of(IDS)[0].uri
+    for uri in (index_uri, ids_uri):
+        if not storage.exists(uri):
+            raise IndexBuildError(f"{uri}: missing; the current pointer stays as it was")
+    pointer = {"index": index_uri, "ids": ids_uri,
+               "manifest": catalog.manifest_uri(store, Stage.BUILD_INDEX, published.key),
+               "model_run": published.params["model_run"], "dim": published.stats["dim"], "run_id": published.run_id}
+    try:
+        catalog.move_pointer(store, Pointer.INDEX, pointer, seen_etag)
+    except catalog.PointerMoved:
+        raise PromotionConflict(f"{catalog.pointer_uri(store, Pointer.INDEX)}: moved by another rebuild since this "
+                                f"one started; {index_uri} is published but not promoted") from None
+    return pointer
+
+
+def search(store: str, query: str, k: int = 5) -> list[dict]:
+    """The ``k`` nearest corpus sentences to ``query`` in the current index."""
+    import faiss
+
+    from tasks.ml.encoder import SentenceEncoder
+
+    pointer, _ = catalog.read_pointer(store, Pointer.INDEX)
+    where = catalog.pointer_uri(store, Pointer.INDEX)
+    if pointer is None:
+        raise IndexBuildError(f"{where}: no index promoted yet; run build-index")
+    for uri in (pointer["index"], pointer["ids"]):
+        if not storage.exists(uri):
+            raise IndexBuildError(f"{where} names {uri}, which does not exist")
+    index = faiss.deserialize_index(np.frombuffer(storage.read_bytes(pointer["index"]), dtype=np.uint8))
+    ids = storage.read_parquet(pointer["ids"])
+    with tempfile.TemporaryDirectory() as scratch:
+        encoder = SentenceEncoder.load(str(student.fetch_exported(store, pointer["model_run"], Path(scratch))))
+        vector = encoder.encode([query])
+    if vector.shape[1] != index.d:
+        raise IndexBuildError(f"{pointer['index']}: index dimension {index.d} differs from the model's "
+                              f"{vector.shape[1]}")
+    faiss.normalize_L2(vector)
+    scores, rows = index.search(vector, k)
+    texts, sids = ids.column("text").to_pylist(), ids.column("sentence_id").to_pylist()
+    return [{"rank": rank + 1, "score": round(float(score), 4), "sentence_id": sids[row], "text": texts[row]}
+            for rank, (score, row) in enumerate(zip(scores[0], rows[0], strict=True)) if row >= 0]

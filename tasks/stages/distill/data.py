@@ -1,0 +1,156 @@
+"""Training data for distillation: sentences joined with their projected targets, streamed.
+
+Pairs of shards come from lineage, not from names: the PCA run's manifest lists its teacher input
+shards and the target shard written for each (same order), and each teacher shard's
+encode_teacher manifest names the sentences shard it encoded. A pair is read and joined by
+sentence id one at a time, so memory holds one shard, never the whole set.
+
+Rows go to validation by a seeded hash of the sentence id. An epoch visits the shards in a seeded
+order and each shard's training rows in a seeded order; a position (epoch, shard, row) says where
+the next batch starts, so a resumed run sees exactly the batches an uninterrupted one would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import date
+
+import numpy as np
+
+from tasks.core import catalog, datasets, manifest, sentences, storage
+from tasks.core.catalog import Stage
+
+TARGETS = "projected_targets"
+
+
+class DistillDataError(ValueError):
+    """Training data that is missing or inconsistent; the message names it."""
+
+
+@dataclass(frozen=True)
+class ShardPair:
+    sentences_uri: str
+    targets_uri: str
+    sha256: tuple[str, str]
+    rows: int
+
+
+@dataclass(frozen=True)
+class Position:
+    epoch: int = 0
+    shard: int = 0
+    row: int = 0
+
+
+@dataclass(frozen=True)
+class Batch:
+    texts: list[str]
+    targets: np.ndarray
+    next_position: Position
+
+
+def shard_pairs(store: str, teacher: str, pca_name: str, partitions: list[date] | None = None) -> list[ShardPair]:
+    """(sentences shard, targets shard) pairs of a PCA run, optionally restricted to partitions."""
+    pca_key = catalog.pca_key(teacher, pca_name)
+    pca = manifest.read(store, Stage.FIT_PCA, pca_key)
+    if pca is None:
+        raise DistillDataError(f"{store}: no PCA run {pca_name!r} for teacher {teacher!r}; run fit-pca first")
+    targets = pca.outputs_of(TARGETS)
+    if not targets:
+        raise DistillDataError(f"{store}: PCA run {pca_name!r} wrote no targets; rerun fit-pca with --write-targets")
+    if len(targets) != len(pca.inputs):
+        raise DistillDataError(f"{catalog.manifest_uri(store, Stage.FIT_PCA, pca_key)}: "
+                               f"{len(targets)} target shards for {len(pca.inputs)} teacher shards")
+    encoded = _encoded_sources(store, teacher)
+    pairs = []
+    for teacher_input, target in zip(pca.inputs, targets, strict=True):
+        source = encoded.get(teacher_input.uri)
+        if source is None:
+            raise DistillDataError(f"{teacher_input.uri}: no encode_teacher manifest names its sentences shard")
+        if partitions is not None and not any(f"/{catalog.partition_key(d)}/" in source.uri for d in partitions):
+            continue
+        pairs.append(ShardPair(source.uri, target.uri, (source.sha256, target.sha256), target.rows or 0))
+    if not pairs:
+        raise DistillDataError(f"{store}: PCA run {pca_name!r} has no target shards for partitions {partitions}")
+    return pairs
+
+
+def _encoded_sources(store: str, teacher: str) -> dict[str, manifest.Input]:
+    """Each teacher-embedding shard of ``teacher`` -> the sentences shard it encoded."""
+    sources = {}
+    for key in manifest.list_keys(store, Stage.ENCODE_TEACHER, catalog.slug(teacher)):
+        published = manifest.read(store, Stage.ENCODE_TEACHER, key)
+        for output in published.outputs if published else ():
+            sources[output.uri] = published.inputs[0]
+    return sources
+
+
+def is_validation(sentence_ids: list[str], fraction: float, seed: int) -> np.ndarray:
+    return sentences.hashed_below(sentence_ids, fraction, f"val:{seed}")
+
+
+def read_pair(pair: ShardPair) -> tuple[list[str], list[str], np.ndarray]:
+    """(sentence ids, texts, targets) of one pair, joined by sentence id in the targets' order."""
+    staged = storage.read_parquet(pair.sentences_uri, columns=["sentence_id", "text"])
+    targets = storage.read_parquet(pair.targets_uri, columns=["sentence_id", "target"])
+    text_of = dict(zip(staged.column("sentence_id").to_pylist(), staged.column("text").to_pylist(),
+                       strict=True))
+    ids = targets.column("sentence_id").to_pylist()
+    missing = [sid for sid in ids if sid not in text_of]
+    if missing or len(ids) != len(text_of):
+        raise DistillDataError(f"{pair.targets_uri}: {len(missing)} target id(s) missing from {pair.sentences_uri} "
+                               f"({len(text_of) - len(ids) + len(missing)} sentence id(s) without a target)")
+    return ids, [text_of[sid] for sid in ids], datasets.vectors(targets, "target")
+
+
+class TrainingData:
+    """The split, validation set and seeded batch stream over a list of shard pairs."""
+
+    def __init__(self, pairs: list[ShardPair], seed: int, val_fraction: float, val_max_rows: int) -> None:
+        self.pairs, self.seed, self.val_fraction = pairs, seed, val_fraction
+        self.train_rows, val_texts, val_targets = 0, [], []
+        self.dim = 0
+        for pair in pairs:
+            ids, texts, targets = read_pair(pair)
+            if self.dim and targets.shape[1] != self.dim:
+                raise DistillDataError(f"{pair.targets_uri}: targets have {targets.shape[1]} dimensions, "
+                                       f"the other shards {self.dim}")
+            self.dim = targets.shape[1]
+            held_out = is_validation(ids, val_fraction, seed)
+            self.train_rows += int((~held_out).sum())
+            room = val_max_rows - len(val_texts)
+            val_texts.extend([t for t, h in zip(texts, held_out, strict=True) if h][:room])
+            val_targets.extend(targets[held_out][:room])
+        if not val_texts:
+            raise DistillDataError("the validation split is empty: raise val_fraction or add data")
+        if not self.train_rows:
+            raise DistillDataError("the training split is empty")
+        self.val_texts, self.val_targets = val_texts, np.stack(val_targets)
+
+    def _rng(self, *parts: int) -> np.random.Generator:
+        return np.random.default_rng([self.seed, *parts])
+
+    def batches(self, start: Position, batch_size: int) -> Iterator[Batch]:
+        """Batches of ``batch_size`` training rows from ``start`` to the end of its epoch (last may be short)."""
+        order = self._rng(start.epoch).permutation(len(self.pairs))
+        texts: list[str] = []
+        targets: list[np.ndarray] = []
+        for shard in range(start.shard, len(order)):
+            ids, shard_texts, shard_targets = read_pair(self.pairs[order[shard]])
+            train = np.flatnonzero(~is_validation(ids, self.val_fraction, self.seed))
+            rows = train[self._rng(start.epoch, int(order[shard])).permutation(len(train))]
+            first = start.row if shard == start.shard else 0
+            for offset in range(first, len(rows)):
+                texts.append(shard_texts[rows[offset]])
+                targets.append(shard_targets[rows[offset]])
+                if len(texts) == batch_size:
+                    yield Batch(texts, np.stack(targets), self._after(start.epoch, shard, offset + 1, len(rows)))
+                    texts, targets = [], []
+        if texts:
+            yield Batch(texts, np.stack(targets), Position(start.epoch + 1, 0, 0))
+
+    def _after(self, epoch: int, shard: int, row: int, shard_rows: int) -> Position:
+        if row < shard_rows:
+            return Position(epoch, shard, row)
+        return Position(epoch, shard + 1, 0) if shard + 1 < len(self.pairs) else Position(epoch + 1, 0, 0)

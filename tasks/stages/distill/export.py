@@ -1,0 +1,59 @@
+"""What a distillation run publishes: the sentence-transformers folder with its model card
+(``model_card.md``, a template shipped with the package), the loss history and the metrics."""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from importlib import resources
+from pathlib import Path
+from string import Template
+from typing import Any
+
+from tasks.core import catalog, manifest, storage
+from tasks.ml.student import MODEL_FOLDER
+from tasks.stages.distill.trainer import Trainer
+from tasks.stages.params import DistillParams
+
+
+def run_summary(trainer: Trainer, init_record: dict[str, Any]) -> dict[str, Any]:
+    """The run's stats: steps, rows, validation before / at the end / of the exported weights, set-up."""
+    state = trainer.state
+    return {"steps": state.step, "total_steps": trainer.total_steps, "train_rows": trainer.data.train_rows,
+            "val_rows": len(trainer.data.val_texts), "k": trainer.data.dim, "best_step": state.best_step,
+            "best_val_mse": state.best_val_mse, "initial": state.evals[0] if state.evals else None,
+            "final": state.evals[-1] if state.evals else None, "exported": trainer.exported,
+            "stopped_early": state.stopped_early, "init": init_record, "amp": trainer.amp,
+            "world_size": trainer.dist.world}
+
+
+def files(trainer: Trainer, stage_run: manifest.StageRun, summary: dict[str, Any]) -> dict[str, bytes]:
+    """The exported model folder (with model card), loss history and metrics, as URI -> bytes."""
+    # A folder per fingerprint: a rerun never overwrites what the published manifest lists.
+    prefix = catalog.student_prefix(stage_run.store, trainer.params.name, stage_run.fingerprint)
+    exported: dict[str, bytes] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        folder = Path(scratch) / MODEL_FOLDER
+        trainer.model.save(folder)
+        (folder / "README.md").write_text(model_card(trainer.params, stage_run, summary))
+        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+            exported[storage.join(prefix, MODEL_FOLDER, *path.relative_to(folder).parts)] = path.read_bytes()
+    losses = "".join(json.dumps({"step": s, "loss": loss}) + "\n" for s, loss in trainer.state.losses)
+    exported[storage.join(prefix, "losses.jsonl")] = losses.encode()
+    metrics = {"evals": trainer.state.evals, **summary}
+    exported[storage.join(prefix, "metrics.json")] = json.dumps(metrics, indent=2).encode()
+    return exported
+
+
+def model_card(params: DistillParams, stage_run: manifest.StageRun, summary: dict[str, Any]) -> str:
+    """The model card: what was distilled from what, how it trained, its configuration and lineage."""
+    template = Template(resources.files(__package__).joinpath("model_card.md").read_text(encoding="utf-8"))
+    inputs = "\n".join(f"- `{i.uri}` (sha256 `{i.sha256[:12]}`)" for i in stage_run.inputs)
+    return template.substitute(
+        {key: summary[key] for key in ("k", "steps", "total_steps", "best_step", "stopped_early", "train_rows",
+                                       "val_rows", "init", "initial", "final", "exported")},
+        name=params.name, student=params.student, teacher=params.teacher, pca_name=params.pca_name,
+        layers=f"(first {params.student_layers} layers) " if params.student_layers else "",
+        activation=params.activation, best_val_mse=f"{summary['best_val_mse']:.6g}",
+        config=json.dumps(params.model_dump(mode="json"), indent=2), run_id=stage_run.run_id,
+        code_version=manifest.code_version(), inputs=inputs)

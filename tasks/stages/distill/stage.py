@@ -1,0 +1,48 @@
+"""The distill stage: shard pairs in, a trained and exported student out, with a manifest."""
+
+from __future__ import annotations
+
+from tasks.core import manifest
+from tasks.core.catalog import Stage
+from tasks.stages.distill import export
+from tasks.stages.distill.data import TrainingData, shard_pairs
+from tasks.stages.distill.distributed import init_distributed, select_device
+from tasks.stages.distill.trainer import Trainer
+from tasks.stages.params import DistillParams
+
+# Knobs that change how a run executes, not what it computes: outside the fingerprint, so changing
+# them resumes (or skips) instead of starting over; recorded in the manifest's stats.
+RUNTIME = {"threads", "checkpoint_every"}
+
+
+def run(params: DistillParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
+    """Train (or resume) the student on the PCA run's targets and publish the exported model."""
+    import torch
+
+    dist = init_distributed()
+    pairs = shard_pairs(params.store, params.teacher, params.pca_name, params.partitions)
+    stage_run = manifest.StageRun(
+        stage=Stage.DISTILL, key=params.name, store=params.store,
+        params=params.model_dump(mode="json", exclude=RUNTIME),
+        inputs=[item for p in pairs for item in (manifest.Input(p.sentences_uri, p.sha256[0], p.rows),
+                                                 manifest.Input(p.targets_uri, p.sha256[1], p.rows))],
+    )
+    if skipped := stage_run.skip_result(force):
+        return skipped
+    if params.threads:
+        torch.set_num_threads(params.threads)
+    device = select_device(params.device, dist)
+    with stage_run.phase("load_data"):
+        data = TrainingData(pairs, params.seed, params.val_fraction, params.val_max_rows)
+    trainer = Trainer(params, data, device, dist, stage_run.fingerprint)
+    with stage_run.phase("train"):
+        init_record = trainer.restore_or_initialise(force)
+        trainer.train(progress)
+    summary = export.run_summary(trainer, init_record)
+    stage_run.stats = {**summary, "runtime": params.model_dump(mode="json", include=RUNTIME)}
+    if not dist.leader:
+        return manifest.StageResult(stage_run.uri, skipped=False, stats=stage_run.stats, outputs=())
+    with stage_run.phase("export"):
+        for uri, body in export.files(trainer, stage_run, summary).items():
+            stage_run.write_output(uri, body)
+    return stage_run.publish()

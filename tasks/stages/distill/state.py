@@ -1,0 +1,59 @@
+"""A distillation run's progress and randomness: what a checkpoint must carry to resume it exactly."""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tasks.stages.distill.data import Position
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    position: Position = field(default_factory=Position)
+    best_val_mse: float = math.inf
+    best_step: int = 0
+    evals_since_best: int = 0
+    stopped_early: bool = False
+    losses: list[tuple[int, float]] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "position": asdict(self.position)}
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> TrainState:
+        return cls(**{**raw, "position": Position(**raw["position"]), "losses": [tuple(x) for x in raw["losses"]]})
+
+
+def seed_everything(seed: int) -> None:
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's Python, NumPy, torch (and CUDA) generator states."""
+    import torch
+
+    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def restore_rng(states: dict[str, Any]) -> None:
+    import torch
+
+    random.setstate(states["python"])
+    np.random.set_state(states["numpy"])
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])

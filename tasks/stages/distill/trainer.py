@@ -1,0 +1,179 @@
+"""The training loop: the student learns to reproduce the projected teacher embeddings (HPD).
+
+MSE between the student's Dense(k) output and the targets; AdamW with linear warmup and decay;
+gradient accumulation; AMP on CUDA (bf16, or fp16 with a gradient scaler) and optional bf16 autocast
+on CPU; validation MSE every ``eval_every`` steps with early stopping and the best weights kept;
+a checkpoint every ``checkpoint_every`` steps. Under DDP the loss is the sum of squared errors over
+the global batch, so N processes compute the same gradient as one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from tasks.ml import metrics, student
+from tasks.stages.distill.checkpoints import Checkpoints
+from tasks.stages.distill.data import Batch, Position, TrainingData
+from tasks.stages.distill.distributed import Distributed
+from tasks.stages.distill.optimization import Optimization
+from tasks.stages.distill.state import TrainState, restore_rng, rng_states, seed_everything
+from tasks.stages.params import DistillParams
+
+
+class DistillError(ValueError):
+    """Distillation cannot run or resume as configured; the message names the input."""
+
+
+class Trainer:
+    """One training run: model, optimiser, schedule, data position, checkpoints."""
+
+    def __init__(self, params: DistillParams, data: TrainingData, device: str, dist: Distributed,
+                 fingerprint: str) -> None:
+        self.params, self.data, self.dist = params, data, dist
+        self.state = TrainState()
+        seed_everything(params.seed)
+        self.model = student.build(params.student, data.dim, params.activation, params.student_layers,
+                                   params.max_seq_length, params.dropout, device)
+        self.amp = {"auto": "bf16" if device == "cuda" else "off"}.get(params.amp, params.amp)
+        steps_per_epoch = math.ceil(data.train_rows / params.batch_size)
+        self.total_steps = min(params.max_steps or math.inf, params.epochs * steps_per_epoch)
+        self.optim = Optimization(self.model, params, self.total_steps, self.amp)
+        self.ddp = self.model  # wrapped in DDP once initialised or restored: see train()
+        self.best_weights: dict | None = None
+        self.init_record: dict = {}
+        self.exported: dict | None = None
+        self.checkpoints = Checkpoints(params.store, params.name, fingerprint)
+
+    def restore_or_initialise(self, force: bool) -> dict:
+        """Resume from the latest checkpoint of this run (same fingerprint), or initialise the head."""
+        latest = None if force else self.checkpoints.latest()
+        if latest is not None:
+            self._restore(latest["uri"])
+            self.init_record = latest.get("init", {})
+            return {**self.init_record, "resumed_from_step": self.state.step}
+        first = next(self.data.batches(Position(), min(self.params.init_rows, self.data.train_rows)))
+        self.init_record = student.initialise_head(self.model, self.params.init, first.texts, first.targets,
+                                                   self.params.activation, self.params.ridge_alpha)
+        self.state.evals.append({"step": 0, **self.validate()})
+        self.state.best_val_mse = self.state.evals[0]["val_mse"]  # training must beat the initial weights
+        self.best_weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return self.init_record
+
+    def train(self, progress: bool) -> None:
+        """Train until the step budget is spent or early stopping; then keep the best weights."""
+        state = self.state
+        self.ddp = self.dist.wrap(self.model)
+        self.model.train()
+        bar = tqdm(total=self.total_steps, initial=state.step, unit=" step", desc=f"distill {self.params.name}",
+                   disable=not (progress and self.dist.leader))
+        while not self._finished():
+            epoch = state.position.epoch
+            for batch in self.data.batches(state.position, self.params.batch_size):
+                self._step(batch, bar)
+                if self._finished():
+                    break
+            if state.position.epoch == epoch and not self._finished():
+                state.position = Position(epoch + 1)  # the rest of the epoch held no training rows
+        bar.close()
+        self.model.eval()
+        if self.best_weights is not None:
+            self.model.load_state_dict(self.best_weights)
+        self.exported = {"step": state.best_step, **self.validate()}
+
+    def _finished(self) -> bool:
+        return self.state.step >= self.total_steps or self.state.stopped_early
+
+    def _step(self, batch: Batch, bar: Any) -> None:
+        """Train on one batch, then evaluate and checkpoint on schedule."""
+        state = self.state
+        loss = self.train_step(batch)
+        if not math.isfinite(loss):
+            raise DistillError(f"{self.params.name}: training loss is {loss} at step {state.step + 1} "
+                               f"(lr {self.optim.lr:.2e}); lower lr or check the targets")
+        state.step += 1
+        state.position = batch.next_position
+        state.losses.append((state.step, loss))
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss:.5f}")
+        last = state.step >= self.total_steps
+        if state.step % self.params.eval_every == 0 or last:
+            self._evaluate()
+        if state.step % self.params.checkpoint_every == 0 and not last:
+            self._save_checkpoint()
+
+    def train_step(self, batch: Batch) -> float:
+        """One optimizer step on a global batch; returns its mean squared error."""
+        rows = len(batch.texts)
+        micro = math.ceil(rows / self.params.grad_accum)
+        total = 0.0
+        for start in range(0, rows, micro):
+            # Under DDP, gradients are all-reduced once per step: on the last micro-batch only.
+            accumulate = self.dist.world > 1 and start + micro < rows
+            with self.ddp.no_sync() if accumulate else contextlib.nullcontext():
+                total += self._micro_step(batch.texts[start:start + micro], batch.targets[start:start + micro],
+                                          rows)
+        self.optim.step(self.model.parameters())
+        return self.dist.sum(total, self.model.device) / (rows * self.data.dim)
+
+    def _micro_step(self, texts: list[str], targets: np.ndarray, rows: int) -> float:
+        """Forward and backward of this rank's share of one micro-batch; returns its summed squared error."""
+        import torch
+
+        world, rank, k = self.dist.world, self.dist.rank, self.data.dim
+        local = slice(rank * len(texts) // world, (rank + 1) * len(texts) // world)
+        # A rank whose slice is empty (a short last batch) still joins DDP's gradient all-reduce,
+        # with one row weighted zero.
+        weight = 1.0 if local.stop > local.start else 0.0
+        local = local if weight else slice(0, 1)
+        features = self.model.tokenize(texts[local])
+        goal = torch.as_tensor(targets[local], device=self.model.device)
+        output = self.ddp(features, self.amp if self.amp != "off" else "fp32").float()
+        # The step's loss is the squared error summed over the global batch, divided by its size;
+        # DDP averages gradients over ranks, hence * world.
+        sse = ((output - goal) ** 2).sum() * weight
+        self.optim.backward(sse * world / (rows * k))
+        return float(sse.detach())
+
+    def validate(self) -> dict:
+        """MSE and mean cosine of the student's outputs against the held-out targets."""
+        self.model.eval()
+        predicted = self.model.encode(self.data.val_texts, batch_size=128)
+        self.model.train()
+        measured = metrics.fidelity(predicted, self.data.val_targets)
+        return {"val_mse": measured["mse"], "val_cosine": measured["mean_cosine"]}
+
+    def _evaluate(self) -> None:
+        state = self.state
+        result = {"step": state.step, **self.validate()}
+        state.evals.append(result)
+        if result["val_mse"] < state.best_val_mse:
+            state.best_val_mse, state.best_step, state.evals_since_best = result["val_mse"], state.step, 0
+            self.best_weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        else:
+            state.evals_since_best += 1
+            if self.params.patience and state.evals_since_best >= self.params.patience:
+                state.stopped_early = True
+
+    def _save_checkpoint(self) -> None:
+        rng = self.dist.gather(rng_states())  # every rank's dropout stream, so a resumed DDP run continues each
+        if self.dist.leader:
+            self.checkpoints.save(self.state.step, {
+                "model": self.model.state_dict(), **self.optim.state_dict(), "best_weights": self.best_weights,
+                "state": self.state.to_dict(), "rng": rng}, self.init_record)
+
+    def _restore(self, uri: str) -> None:
+        try:  # the optimizer moves its own state to the model's device
+            payload = Checkpoints.load(uri)
+            self.model.load_state_dict(payload["model"])
+            self.optim.load_state_dict(payload)
+            self.best_weights = payload["best_weights"]
+            self.state = TrainState.from_dict(payload["state"])
+            restore_rng(payload["rng"][self.dist.rank])
+        except Exception as exc:  # a damaged file fails in many ways (unpickling, zip, shapes, missing keys)
+            raise DistillError(f"{uri}: corrupted or incompatible checkpoint ({type(exc).__name__}: {exc}); "
+                               f"rerun with --force to start over") from None

@@ -1,0 +1,132 @@
+"""Fit PCA: teacher embeddings -> a k-dim projection, and the student's projected targets.
+
+The fit streams over every teacher shard of the selected partitions, accumulating the row count,
+the sum and XᵀX (float64, shifted by the first chunk's mean for numerical stability), then takes
+an eigendecomposition of the D×D covariance: memory is O(D²) whatever the row count. An optional
+cap samples rows by a seeded hash of the sentence id (uniform, deterministic, no extra pass).
+
+Two projection modes share the same components (those of scikit-learn's PCA):
+``uncentered`` applies them to the raw embeddings, as HPD's code does; ``centered`` subtracts the
+mean first. The artifact (``pca.safetensors``: components, mean, explained variance and ratio;
+``summary.json``) records the mode.
+
+The projected targets are written as a dataset (``targets/<teacher>/<run>/``, one shard per
+teacher shard, same row order) rather than applied on the fly by the distillation stage: the
+student re-reads its targets every epoch and k-dim rows are D/k times smaller to read than teacher
+rows; the data-quality suite can check exactly what the student learns from; and each target
+shard's lineage (teacher shard + PCA artifact) is a manifest entry.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+
+import numpy as np
+import pyarrow as pa
+from tqdm import tqdm
+
+from tasks.core import catalog, datasets, manifest, sentences, storage
+from tasks.core.catalog import Stage
+from tasks.ml.projection import ARTIFACT, MomentAccumulator, PCAError, Projection
+from tasks.stages import encode_teacher
+from tasks.stages.params import FitPCAParams
+
+TARGETS = "projected_targets"
+CHUNK_ROWS = 8192
+
+
+def teacher_shards(store: str, teacher: str, partitions: list[date] | None) -> list[manifest.Output]:
+    """The teacher embeddings of every current sentences shard of the partitions (default: every staged
+    partition); a shard not encoded yet is an error naming it."""
+    if partitions is None:
+        partitions = sentences.staged_days(store)
+    pairs = [pair for day in partitions for pair in encode_teacher.encoded(store, teacher, day)]
+    missing = [shard_uri for shard_uri, published in pairs if published is None]
+    if missing:
+        raise PCAError(f"{len(missing)} sentences shard(s) not encoded by {teacher!r} yet, e.g. {missing[0]}; "
+                       f"run encode-teacher first")
+    return [o for _, published in pairs if published for o in published.outputs]
+
+
+def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
+    """Fit the projection over the teacher shards, publish it, and write the projected targets."""
+    shards = teacher_shards(params.store, params.teacher, params.partitions)
+    if not shards:
+        raise PCAError(f"{params.store}: no teacher embeddings of {params.teacher!r} for partitions "
+                       f"{params.partitions or 'any'}")
+    stage_run = manifest.StageRun(stage=Stage.FIT_PCA, key=catalog.pca_key(params.teacher, params.name),
+                                  store=params.store, params=params.model_dump(mode="json"),
+                                  inputs=[s.as_input() for s in shards])
+    if skipped := stage_run.skip_result(force):
+        return skipped
+    total_rows = sum(s.rows or 0 for s in shards)
+    fraction = min(1.0, params.max_rows / total_rows) if params.max_rows else 1.0
+    with stage_run.phase("accumulate"):
+        accumulator = _accumulate([s.uri for s in shards], fraction, params.seed, progress)
+    with stage_run.phase("eigendecomposition"):
+        projection = accumulator.fit(params.k, params.mode)
+    summary = {"teacher": params.teacher, "mode": params.mode, "k": params.k, "dim": accumulator.dim,
+               "rows_fitted": projection.rows, "rows_available": total_rows, "sample_fraction": fraction,
+               "explained_variance_ratio_sum": float(projection.explained_variance_ratio.sum()),
+               "explained_variance_ratio": projection.explained_variance_ratio.round(6).tolist()}
+    with stage_run.phase("write_artifact"):
+        # A folder per fingerprint: a rerun never overwrites what the published manifest lists.
+        prefix = catalog.pca_prefix(params.store, params.teacher, params.name, stage_run.fingerprint)
+        stage_run.write_output(storage.join(prefix, ARTIFACT), projection.to_safetensors())
+        stage_run.write_output(storage.join(prefix, "summary.json"), json.dumps(summary, indent=2).encode())
+    if params.write_targets:
+        with stage_run.phase("write_targets"):
+            targets_prefix = catalog.targets_prefix(params.store, params.teacher, params.name)
+            model_id = f"{params.teacher}+pca-{params.name}"
+            for shard in tqdm(shards, desc="fit_pca targets", unit=" shard", disable=not progress):
+                stage_run.add_shard(_write_targets(shard.uri, projection, targets_prefix, model_id))
+    stage_run.stats = {key: summary[key] for key in ("rows_fitted", "rows_available",
+                                                      "explained_variance_ratio_sum")}
+    return stage_run.publish()
+
+
+def _accumulate(shard_uris: list[str], fraction: float, seed: int, progress: bool) -> MomentAccumulator:
+    """The moments of the rows of every shard whose seeded id hash falls below ``fraction``."""
+    accumulator = None
+    for uri in tqdm(shard_uris, desc="fit_pca accumulate", unit=" shard", disable=not progress):
+        for ids, chunk in _chunks(uri):
+            accumulator = accumulator or MomentAccumulator(chunk.shape[1])
+            accumulator.add(chunk[sentences.hashed_below(ids, fraction, str(seed))])
+    if accumulator is None:
+        raise PCAError(f"no teacher embedding rows in {len(shard_uris)} shard(s)")
+    return accumulator
+
+
+def target_shards(store: str, teacher: str, name: str) -> list[str]:
+    """The projected-target shards a published PCA run lists."""
+    published = manifest.read(store, Stage.FIT_PCA, catalog.pca_key(teacher, name))
+    if published is None:
+        raise PCAError(f"{store}: no PCA run {name!r} for teacher {teacher!r}")
+    return [o.uri for o in published.outputs_of(TARGETS)]
+
+
+def _chunks(uri: str):
+    table = storage.read_parquet(uri, columns=["sentence_id", "embedding"])
+    column = table.column("embedding")
+    if not pa.types.is_fixed_size_list(column.type):
+        raise PCAError(f"{uri}: embedding column is {column.type}, not a fixed-size list")
+    for start in range(0, table.num_rows, CHUNK_ROWS):
+        part = table.slice(start, CHUNK_ROWS)
+        chunk = datasets.vectors(part, "embedding")
+        if not np.isfinite(chunk).all():
+            raise PCAError(f"{uri}: NaN or infinite embedding values near row {start}")
+        yield part.column("sentence_id").to_pylist(), chunk
+
+
+def _write_targets(teacher_uri: str, projection: Projection, prefix: str, model_id: str) -> datasets.Shard:
+    ids, targets = [], []
+    for chunk_ids, chunk in _chunks(teacher_uri):
+        ids.extend(chunk_ids)
+        targets.append(projection.apply(chunk))
+    values = np.concatenate(targets) if targets else np.zeros((0, len(projection.components)), np.float32)
+    k = values.shape[1]
+    table = pa.table({"sentence_id": pa.array(ids, pa.string()),
+                      "target": pa.FixedSizeListArray.from_arrays(pa.array(values.ravel(), pa.float32()), k)})
+    stem = teacher_uri.rsplit("/", 1)[1].removesuffix(".parquet")
+    return datasets.write_shard(prefix, stem, table, TARGETS, dim=k, model_id=model_id)

@@ -1,0 +1,177 @@
+"""Every stage's parameters: frozen pydantic models, the one source the CLI, the DAG params and the
+stages share. Light on purpose: this module imports neither torch nor transformers, so ``hpd --help``
+and the DAG files can load it fast.
+"""
+
+from __future__ import annotations
+
+from datetime import date
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from tasks.core import catalog
+from tasks.core.config import StageParams
+from tasks.ml.choices import Activation, Init, Mode
+from tasks.ml.models import DEFAULT_STUDENT, DEFAULT_TEACHER
+
+Format = Literal["auto", "text", "jsonl", "csv", "tsv", "parquet"]
+Method = Literal["wordnet", "back_translation", "delete", "swap"]
+IndexType = Literal["auto", "flat", "ivf_flat", "hnsw", "ivf_pq"]
+
+
+class StageCorpusParams(StageParams):
+    source: str = Field(description="URI or path of a raw file, or of a folder/prefix of raw files")
+    ingest_date: date = Field(description="the partition to write (from the Airflow data interval)")
+    format: Format = Field("auto", description="input format; auto picks it from the file suffix")
+    column: str = Field("text", min_length=1, description="text field (JSONL) or column (CSV/TSV/Parquet)")
+    max_chars: int = Field(1000, gt=0, description="drop normalised sentences longer than this")
+    shard_rows: int = Field(50_000, gt=0, description="rows per Parquet shard")
+    limit: int | None = Field(None, gt=0, description="read at most this many records (a sample)")
+
+
+class AugmentParams(StageParams):
+    ingest_date: date = Field(description="the sentences partition to augment")
+    methods: list[Method] = Field(["wordnet"], min_length=1, description="augmentation methods to apply")
+    fraction: float = Field(1.0, gt=0, le=1, description="share of sentences each method augments")
+    seed: int = 0
+    synonym_rate: float = Field(0.2, gt=0, le=1, description="wordnet: share of content words replaced")
+    delete_rate: float = Field(0.1, gt=0, lt=1, description="delete: probability of dropping each word")
+    swaps: int = Field(1, gt=0, description="swap: number of word swaps")
+    translate_forward: str | None = Field(None, description="back_translation: en->X model folder")
+    translate_backward: str | None = Field(None, description="back_translation: X->en model folder")
+    translate_batch_size: int = Field(16, gt=0)
+    translate_beams: int = Field(1, gt=0, description="beam size (1: greedy, deterministic)")
+    translate_max_tokens: int = Field(128, gt=0)
+    shard_rows: int = Field(50_000, gt=0)
+
+    @model_validator(mode="after")
+    def _translation_models(self) -> AugmentParams:
+        if "back_translation" in self.methods and not (self.translate_forward and self.translate_backward):
+            raise ValueError("back_translation needs translate_forward and translate_backward model folders")
+        return self
+
+
+class EncodeTeacherParams(StageParams):
+    ingest_date: date = Field(description="the sentences partition to encode")
+    teacher: str = Field(DEFAULT_TEACHER, description="packaged model, local folder or cached hub id")
+    dtype: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="compute dtype (autocast)")
+    output_dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding type")
+    batch_size: int = Field(64, gt=0)
+    threads: int | None = Field(None, gt=0, description="torch intra-op threads (default: torch's)")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_seq_length: int | None = Field(None, gt=0, description="default: the model's own")
+    shards: list[int] | None = Field(None, description="encode only these input shard positions")
+
+
+class FitPCAParams(StageParams):
+    teacher: str = Field(DEFAULT_TEACHER, description="the teacher whose embeddings to fit")
+    partitions: list[date] | None = Field(None, description="ingest dates to fit on (default: all encoded)")
+    k: int = Field(128, gt=0, description="output dimension")
+    mode: Mode = Field("uncentered", description="uncentered: HPD's projection; centered: classic PCA")
+    max_rows: int | None = Field(None, gt=0, description="sample about this many rows (HPD used 40k)")
+    seed: int = Field(0, description="seed of the row sample")
+    name: str = Field("", pattern=catalog.RUN_NAME_PATTERN, description="run name (default: k<k>-<mode>)")
+    write_targets: bool = Field(True, description="also write the projected targets dataset")
+
+    @model_validator(mode="after")
+    def _default_name(self) -> FitPCAParams:
+        if not self.name:
+            object.__setattr__(self, "name", catalog.default_pca_name(self.k, self.mode))
+        return self
+
+
+class DistillParams(StageParams):
+    teacher: str = Field(DEFAULT_TEACHER, description="teacher whose projected targets to learn")
+    pca_name: str = Field("k128-uncentered", description="the fit-pca run providing the targets")
+    partitions: list[date] | None = Field(None, description="train on these ingest dates (default: all)")
+    student: str = Field(DEFAULT_STUDENT, description="packaged model, local folder or cached hub id")
+    student_layers: int | None = Field(None, gt=0, description="keep only the first N transformer layers")
+    activation: Activation = "tanh"
+    init: Init = Field("ridge", description="Dense head initialisation: ridge, pca or random")
+    init_rows: int = Field(4096, gt=1, description="training rows sampled to fit the ridge/pca init")
+    ridge_alpha: float = Field(1.0, gt=0)
+    lr: float = Field(1e-4, gt=0)
+    batch_size: int = Field(256, gt=0, description="global batch per optimizer step")
+    grad_accum: int = Field(1, gt=0, description="micro-batches per optimizer step")
+    epochs: int = Field(5, gt=0)
+    max_steps: int | None = Field(None, gt=0, description="stop after this many optimizer steps")
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    weight_decay: float = Field(0.01, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    max_seq_length: int = Field(128, gt=0)
+    dropout: float | None = Field(None, ge=0, lt=1, description="override the student's dropout")
+    amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="auto: bf16 on CUDA, off on CPU")
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    threads: int | None = Field(None, gt=0)
+    val_fraction: float = Field(0.02, gt=0, lt=1)
+    val_max_rows: int = Field(2000, gt=0)
+    eval_every: int = Field(100, gt=0)
+    patience: int | None = Field(None, gt=0, description="evaluations without improvement before stopping")
+    checkpoint_every: int = Field(200, gt=0)
+    seed: int = 0
+    name: str = Field("", pattern=catalog.RUN_NAME_PATTERN, description="run name (default: <student>-<pca_name>)")
+
+    @model_validator(mode="after")
+    def _check(self) -> DistillParams:
+        if self.batch_size % self.grad_accum:
+            raise ValueError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
+        if self.amp == "fp16" and self.device == "cpu":
+            raise ValueError("fp16 AMP needs CUDA; use amp=bf16 on CPU")
+        if not self.name:
+            object.__setattr__(self, "name", catalog.default_student_run(self.student, self.student_layers,
+                                                                         self.pca_name))
+        return self
+
+
+class ValidateParams(StageParams):
+    model_run: str = Field(description="the distill run to validate")
+    pair_files: list[str] = Field([], description="extra STS pair files (CSV/TSV: sentence1, sentence2, score)")
+    retrieval_sample: int = Field(2000, gt=10, description="corpus sentences for the recall@10 check")
+    min_stsb: float | None = Field(None, description="minimum STS-B test score to promote")
+    min_sickr: float | None = Field(None, description="minimum SICK-R test score to promote")
+    max_regression: float = Field(1.0, ge=0, description="points a score may fall below the reference")
+    teacher_dtype: Literal["fp32", "bf16"] = "bf16"
+    promote: bool = Field(True, description="move models/current.json when the gate passes")
+
+
+class BuildIndexParams(StageParams):
+    model_run: str | None = Field(None, description="the distill run whose student encodes the corpus "
+                                                  "(default: the promoted one, models/current.json)")
+    partitions: list[date] | None = Field(None, description="corpus partitions (default: every staged one)")
+    index_type: IndexType = Field("auto", description="auto chooses by corpus size")
+    sq8: bool = Field(False, description="store int8 scalar-quantised codes instead of float32")
+    hnsw_m: int = Field(32, gt=1)
+    nlist: int | None = Field(None, gt=0, description="IVF lists (default: 4 sqrt(n))")
+    nprobe: int = Field(16, gt=0)
+    pq_m: int = Field(16, gt=0, description="IVF-PQ sub-quantisers (must divide the dimension)")
+    pq_bits: int = Field(8, ge=1, le=12, description="IVF-PQ bits per sub-quantiser code")
+    batch_size: int = Field(128, gt=0)
+    dtype: Literal["fp32", "bf16"] = "fp32"
+    name: str = Field("", pattern=catalog.RUN_NAME_PATTERN, description="index name (default: the model run)")
+    promote: bool = Field(True, description="move indexes/current.json to the new index")
+
+
+class QualityParams(StageParams):
+    ingest_date: date = Field(description="the partition to check")
+    teacher: str | None = Field(DEFAULT_TEACHER, description="also check this teacher's embeddings")
+    teacher_dim: int | None = Field(None, gt=0, description="expected teacher dimension (default: as recorded)")
+    max_chars: int = Field(1000, gt=0)
+    min_norm: float = Field(0.5, ge=0, description="embedding L2 norm bounds")
+    max_norm: float = Field(1.5, gt=0)
+    pca_name: str | None = Field(None, description="also check the targets of this PCA run")
+    min_variance: float = Field(1e-8, ge=0, description="smallest acceptable per-dimension target variance")
+
+
+# Each stage's parameter model; the stage itself is the module ``tasks.stages.<stage>``, whose ``run``
+# takes these parameters.
+PARAMS: dict[catalog.Stage, type[StageParams]] = {
+    catalog.Stage.STAGE_CORPUS: StageCorpusParams,
+    catalog.Stage.AUGMENT: AugmentParams,
+    catalog.Stage.ENCODE_TEACHER: EncodeTeacherParams,
+    catalog.Stage.FIT_PCA: FitPCAParams,
+    catalog.Stage.DISTILL: DistillParams,
+    catalog.Stage.VALIDATE: ValidateParams,
+    catalog.Stage.BUILD_INDEX: BuildIndexParams,
+    catalog.Stage.QUALITY: QualityParams,
+}

@@ -1,0 +1,152 @@
+"""Data quality with great-expectations 1.x: the suites in ``schemas/expectations`` run through checkpoints.
+
+Each suite applies to a profile of a dataset shard: ``sentences`` (the rows as they are, plus the
+text length), ``embeddings`` (one row per vector: id, dimension, finiteness, L2 norm) and
+``dimension_variance`` (one row per dimension of the projected targets). A failed check raises
+:class:`QualityError` listing every failing expectation with a sample of the bad rows; the
+``quality`` stage checks a partition's datasets and publishes its results only when all pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import cache
+from importlib import resources
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tasks.core import catalog, datasets, manifest, sentences, storage
+from tasks.core.catalog import Stage
+from tasks.stages.fit_pca import TARGETS
+from tasks.stages.params import QualityParams
+
+SAMPLE_ROWS = 5
+
+
+class QualityError(ValueError):
+    """Data that fails its expectation suite; the message lists the failures and sample bad rows."""
+
+
+def profile(kind: str, table: pa.Table) -> pd.DataFrame:
+    """The frame a suite of profile ``kind`` is checked against."""
+    if kind == "sentences":
+        return pd.DataFrame({"sentence_id": table.column("sentence_id").to_pylist(),
+                             "text": table.column("text").to_pylist(),
+                             "text_length": pc.utf8_length(table.column("text")).to_pylist()})
+    vector_column = "embedding" if "embedding" in table.column_names else "target"
+    if kind == "embeddings":
+        column = table.column(vector_column).combine_chunks()
+        rows = [np.asarray(v, dtype=np.float64) for v in column.to_pylist()]
+        return pd.DataFrame({"sentence_id": table.column("sentence_id").to_pylist(),
+                             "dim": pc.list_value_length(column).to_numpy(zero_copy_only=False),
+                             "finite": [bool(np.isfinite(r).all()) for r in rows],
+                             "norm": [float(np.linalg.norm(r)) if np.isfinite(r).all() else np.nan for r in rows]})
+    values = datasets.vectors(table, vector_column).astype(np.float64)
+    return pd.DataFrame({"dimension": np.arange(values.shape[1]), "variance": values.var(axis=0)})
+
+
+@cache
+def suite_spec(name: str) -> dict:
+    path = resources.files("schemas").joinpath("expectations", f"{name}.json")
+    return json.loads(path.read_text())
+
+
+def _fill(value, settings: dict):
+    if isinstance(value, str) and value.startswith("$"):
+        return settings[value[1:]]
+    if isinstance(value, list):
+        return [_fill(v, settings) for v in value]
+    return value
+
+
+def check(suite: str, table: pa.Table, uri: str, **settings) -> dict:
+    """Run suite ``suite`` on a shard through a great-expectations checkpoint; raise on failure."""
+    import great_expectations as gx
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+    spec = suite_spec(suite)
+    frame = profile(spec["profile"], table)
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    context = _context()
+    name = f"{suite}-{len(context.suites.all())}"
+    gx_suite = context.suites.add(gx.ExpectationSuite(name=name))
+    for expectation in spec["expectations"]:
+        kwargs = {k: _fill(v, settings) for k, v in expectation["kwargs"].items()}
+        gx_suite.add_expectation(ExpectationConfiguration(type=expectation["type"], kwargs=kwargs).to_domain_obj())
+    batch = context.data_sources.get("hpd").add_dataframe_asset(name).add_batch_definition_whole_dataframe("all")
+    definition = context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch, suite=gx_suite))
+    checkpoint = context.checkpoints.add(gx.Checkpoint(name=name, validation_definitions=[definition],
+                                                       result_format={"result_format": "COMPLETE"}))
+    result = checkpoint.run(batch_parameters={"dataframe": frame})
+    outcomes = []
+    for run in result.run_results.values():
+        for item in run.results:
+            kwargs = {k: v for k, v in item.expectation_config.kwargs.items() if k != "batch_id"}
+            rows = (item.result.get("unexpected_index_list") or [])[:SAMPLE_ROWS]
+            outcomes.append({"expectation": item.expectation_config.type, "kwargs": kwargs,
+                             "success": bool(item.success), "unexpected_count": item.result.get("unexpected_count"),
+                             "sample_rows": frame.iloc[list(rows)].to_dict("records") if rows else []})
+    failed = [o for o in outcomes if not o["success"]]
+    if failed:
+        lines = [f"{uri}: {len(failed)} of {len(outcomes)} expectations of suite {suite!r} failed:"]
+        for o in failed:
+            lines.append(f"  {o['expectation']}({o['kwargs']}): {o['unexpected_count']} bad row(s), "
+                         f"e.g. {o['sample_rows'][:SAMPLE_ROWS]}")
+        raise QualityError("\n".join(lines))
+    return {"uri": uri, "suite": suite, "rows": len(frame), "expectations": outcomes}
+
+
+@cache
+def _context():
+    import great_expectations as gx
+
+    context = gx.get_context(mode="ephemeral")
+    context.variables.progress_bars = {"globally": False}
+    context.data_sources.add_pandas("hpd")
+    return context
+
+
+def run(params: QualityParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
+    """Check a partition's sentences, teacher embeddings and (optionally) a PCA run's targets."""
+    checks = planned_checks(params)
+    stage_run = manifest.StageRun(stage=Stage.QUALITY, key=catalog.partition_key(params.ingest_date),
+                                  store=params.store, params=params.model_dump(mode="json"),
+                                  inputs=[output.as_input() for output, _, _ in checks])
+    if skipped := stage_run.skip_result(force):
+        return skipped
+    results = []
+    with stage_run.phase("check"):
+        for output, suite, settings in checks:
+            table = storage.read_parquet(output.uri)
+            if suite == "embeddings" and settings["dim"] is None:
+                settings = {**settings, "dim": table.schema.field("embedding").type.list_size}
+            results.append(check(suite, table, output.uri, **settings))
+    body = json.dumps({"partition": stage_run.key, "checks": results}, indent=2, default=str).encode()
+    stage_run.write_output(catalog.quality_results_uri(params.store, params.ingest_date, stage_run.fingerprint), body)
+    stage_run.stats = {"checks": len(results), "rows": sum(r["rows"] for r in results), "passed": True}
+    return stage_run.publish()
+
+
+def planned_checks(params: QualityParams) -> list[tuple[manifest.Output, str, dict]]:
+    """(a published shard as its writer's manifest records it, suite, suite settings) for the partition."""
+    shards = sentences.published(params.store, params.ingest_date)
+    if not shards:
+        raise QualityError(f"{params.store}: nothing staged for {catalog.partition_key(params.ingest_date)}")
+    checks: list[tuple[manifest.Output, str, dict]] = [(s, "sentences", {"max_chars": params.max_chars})
+                                                       for s in shards]
+    if params.teacher:
+        embedding_settings = {"dim": params.teacher_dim, "min_norm": params.min_norm, "max_norm": params.max_norm}
+        for shard in shards:
+            key = catalog.teacher_shard_key(params.teacher, params.ingest_date, shard.uri)
+            encoded = manifest.read(params.store, Stage.ENCODE_TEACHER, key)
+            checks.extend((o, "embeddings", embedding_settings) for o in (encoded.outputs if encoded else ()))
+    if params.pca_name and params.teacher:
+        fitted = manifest.read(params.store, Stage.FIT_PCA, catalog.pca_key(params.teacher, params.pca_name))
+        if fitted is None:
+            raise QualityError(f"{params.store}: no PCA run {params.pca_name!r} for {params.teacher!r}")
+        checks.extend((o, "targets", {"min_variance": params.min_variance}) for o in fitted.outputs_of(TARGETS))
+    return checks

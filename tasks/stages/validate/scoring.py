@@ -1,0 +1,142 @@
+"""What a validation measures, for the teacher (full dimension), the teacher reduced by the fitted
+PCA, the student, and the paper's same-size baseline (the student's base model reduced to k by a
+PCA of its own embeddings of corpus sentences):
+
+- STS: Spearman x100 of cosine on each pair set;
+- retrieval: recall@10 of the student's neighbours against the teacher's exact neighbours over a
+  corpus sample, and MRR of retrieving the paired sentence for STS-B test pairs scored >= 4;
+- the report's plots: PCA explained variance, training curves, STS-B scatter, embedding norms.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tasks.core import datasets, manifest, sentences, storage
+from tasks.core.catalog import Stage
+from tasks.ml import metrics, sts
+from tasks.stages import encode_teacher
+from tasks.stages.params import ValidateParams
+from tasks.stages.validate.errors import ValidationError
+from tasks.stages.validate.promotion import BASELINE
+
+Encode = Callable[[list[str]], np.ndarray]
+
+
+@dataclass(frozen=True)
+class CorpusSample:
+    ids: list[str]
+    texts: list[str]
+    teacher_vectors: np.ndarray
+
+
+@dataclass(frozen=True)
+class Measurements:
+    sts: dict[str, dict[str, float]]  # encoder -> pair set -> score
+    retrieval: dict[str, Any]
+    plots: dict[str, Any]
+
+
+def measure(params: ValidateParams, distilled: manifest.Manifest, pair_sets: list[sts.PairSet]) -> Measurements:
+    """Score the exported student of ``distilled`` and its references on ``pair_sets`` and a corpus sample."""
+    from tasks.ml import student
+    from tasks.ml.encoder import SentenceEncoder
+
+    trained = distilled.params
+    corpus = corpus_sample(params.store, trained["teacher"], params.retrieval_sample)
+    with tempfile.TemporaryDirectory() as scratch:
+        model = SentenceEncoder.load(str(student.fetch_exported(params.store, params.model_run, Path(scratch))))
+        encoders, explained = _encoders(params, trained, model, corpus.texts)
+        table = {name: {p.name: round(sts.score(encode, p), 2) for p in pair_sets} for name, encode in encoders.items()}
+        student_corpus = model.encode(corpus.texts)
+        stsb = pair_sets[0]
+        plots = {"explained_variance_ratio": explained,
+                 "sts_scatter": (sts.cosine(model.encode(stsb.first), model.encode(stsb.second)), stsb.scores),
+                 "norms": {"teacher": np.linalg.norm(corpus.teacher_vectors, axis=1),
+                           "student": np.linalg.norm(student_corpus, axis=1)},
+                 **training_curves(distilled)}
+        return Measurements(table, _retrieval(model.encode, student_corpus, corpus, stsb), plots)
+
+
+def _encoders(params: ValidateParams, trained: dict[str, Any], model: Any,
+              corpus_texts: list[str]) -> tuple[dict[str, Encode], np.ndarray]:
+    """The four encoders scored, and the fitted PCA's explained variance ratio."""
+    from tasks.ml import student
+    from tasks.ml.encoder import SentenceEncoder
+    from tasks.ml.projection import MomentAccumulator, load_projection
+
+    teacher = SentenceEncoder.load(trained["teacher"])
+    projection = load_projection(params.store, trained["teacher"], trained["pca_name"])
+    base = student.build(trained["student"], model.dim, layers=trained["student_layers"])
+    base.dense = None
+    moments = MomentAccumulator(base.dim)
+    moments.add(base.encode(corpus_texts))
+    base_pca = moments.fit(model.dim, "centered")
+    encoded_by_teacher: dict[tuple[str, ...], np.ndarray] = {}
+
+    def teacher_encode(texts: list[str]) -> np.ndarray:  # once per pair set, for both teacher rows
+        key = tuple(texts)
+        if key not in encoded_by_teacher:
+            encoded_by_teacher[key] = teacher.encode(texts, dtype=params.teacher_dtype)
+        return encoded_by_teacher[key]
+
+    return {"teacher": teacher_encode,
+            "teacher + PCA": lambda t: projection.apply(teacher_encode(t)),
+            "student": model.encode,
+            BASELINE: lambda t: base_pca.apply(base.encode(t))}, projection.explained_variance_ratio
+
+
+def _retrieval(encode: Encode, student_corpus: np.ndarray, corpus: CorpusSample, stsb: sts.PairSet) -> dict:
+    truth = metrics.nearest(corpus.teacher_vectors, corpus.teacher_vectors, 10, exclude_self=True)
+    found = metrics.nearest(student_corpus, student_corpus, 10, exclude_self=True)
+    close = stsb.scores >= 4.0
+    candidates = sorted(set(np.array(stsb.second)[close]))
+    answers = np.array([candidates.index(s) for s in np.array(stsb.second)[close]])
+    return {"recall_at_10_vs_teacher": round(metrics.recall_at_k(found, truth), 4),
+            "corpus_sample": len(corpus.ids), "stsb_pairs_ge4": int(close.sum()),
+            "mrr_stsb_ge4": round(metrics.mean_reciprocal_rank(
+                encode(list(np.array(stsb.first)[close])), encode(candidates), answers), 4)}
+
+
+def training_curves(distilled: manifest.Manifest) -> dict:
+    """Per-step training losses and the validation evaluations of a distill run, from its outputs."""
+    lines = storage.read_bytes(distilled.output_named("losses.jsonl").uri).decode().splitlines()
+    losses = [json.loads(line) for line in lines]
+    evals = json.loads(storage.read_bytes(distilled.output_named("metrics.json").uri))["evals"]
+    return {"losses": [(item["step"], item["loss"]) for item in losses] or [(0, np.nan)], "evals": evals}
+
+
+def corpus_sample(store: str, teacher: str, size: int) -> CorpusSample:
+    """The first ``size`` staged sentences that have teacher embeddings, with those embeddings."""
+    ids, texts, vectors = [], [], []
+    for day in sentences.staged_days(store):
+        for shard_uri, encoded in encode_teacher.encoded(store, teacher, day, (Stage.STAGE_CORPUS,)):
+            if encoded is None:
+                continue
+            staged = storage.read_parquet(shard_uri, columns=["sentence_id", "text"])
+            ids.extend(staged.column("sentence_id").to_pylist())
+            texts.extend(staged.column("text").to_pylist())
+            vectors.append(datasets.vectors(storage.read_parquet(encoded.outputs[0].uri), "embedding"))
+            if len(ids) >= size:
+                return CorpusSample(ids[:size], texts[:size], np.concatenate(vectors)[:size])
+    if len(ids) < 11:
+        raise ValidationError(f"{store}: fewer than 11 encoded corpus sentences for the retrieval check")
+    return CorpusSample(ids, texts, np.concatenate(vectors))
+
+
+def quality_results(store: str) -> list[dict]:
+    """The data-quality checks published for every staged partition (those that ran)."""
+    results = []
+    for key in manifest.list_keys(store, Stage.QUALITY):
+        published = manifest.read(store, Stage.QUALITY, key)
+        for output in published.outputs if published else ():
+            results.extend(json.loads(storage.read_bytes(output.uri))["checks"])
+    return results
+

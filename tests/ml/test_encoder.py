@@ -1,0 +1,52 @@
+import numpy as np
+import pytest
+from sentence_transformers import SentenceTransformer
+
+from tasks.ml.encoder import SentenceEncoder
+from tests.support.tiny_models import build_sentence_model
+
+TEXTS = ["a short one", "a considerably longer sentence with many more tokens than the others", "mid length text",
+         "x", "another sentence of middling length here"]
+
+
+@pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
+def test_matches_sentence_transformers_in_input_order(tmp_path, pooling):
+    folder = build_sentence_model(tmp_path / "m", pooling=pooling, normalize=pooling == "mean")
+    ours = SentenceEncoder.load(str(folder)).encode(TEXTS, batch_size=2)
+    reference = SentenceTransformer(str(folder), device="cpu").encode(TEXTS, batch_size=2)
+    assert ours.dtype == np.float32 and ours.shape == (5, 32)
+    np.testing.assert_allclose(ours, reference, atol=1e-5)
+
+
+def test_bf16_autocast_stays_close_to_fp32(tmp_path):
+    encoder = SentenceEncoder.load(str(build_sentence_model(tmp_path / "m")))
+    fp32, bf16 = encoder.encode(TEXTS), encoder.encode(TEXTS, dtype="bf16")
+    assert ((fp32 * bf16).sum(axis=1) > 0.99).all()
+    assert not np.array_equal(fp32, bf16)
+
+
+def test_batching_does_not_change_embeddings(tmp_path):
+    encoder = SentenceEncoder.load(str(build_sentence_model(tmp_path / "m")))
+    np.testing.assert_allclose(encoder.encode(TEXTS, batch_size=1), encoder.encode(TEXTS, batch_size=5), atol=1e-5)
+
+
+def test_only_missing_weights_that_matter_are_reported(tmp_path, caplog, capfd):
+    """A checkpoint without its pooler head (as our exports are) loads quietly; one missing encoder
+    weights warns, naming the folder and the keys."""
+    from safetensors.torch import load_file, save_file
+
+    folder = build_sentence_model(tmp_path / "model")
+    weights = load_file(folder / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("pooler.")}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    with caplog.at_level("WARNING"):
+        SentenceEncoder.load(str(folder))
+    assert not caplog.records and "pooler" not in capfd.readouterr().err
+
+    dropped = next(k for k in weights if "encoder.layer.1" in k)
+    save_file({k: v for k, v in weights.items() if k != dropped}, folder / "model.safetensors",
+              metadata={"format": "pt"})
+    with caplog.at_level("WARNING"):
+        SentenceEncoder.load(str(folder))
+    (record,) = caplog.records
+    assert str(folder) in record.getMessage() and dropped.removeprefix("bert.") in record.getMessage()

@@ -1,0 +1,156 @@
+import json
+import threading
+from datetime import date
+
+import pytest
+
+from tasks import cli
+from tasks.core import catalog, config, contracts, storage
+from tasks.core.catalog import Pointer
+from tasks.stages import build_index, distill
+from tests.support.projected_store import PCA_NAME, projected_store
+
+DAY = date(2026, 11, 1)
+TEXTS = [f"sentence {i} about {topic} and {i % 13}" for i, topic in
+         enumerate(["cats", "markets", "rain", "music", "football", "trains"] * 50)]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """A store with 300 staged sentences and a distilled tiny student (k=8) published as run 'tiny'."""
+    prepared = projected_store(tmp_path_factory.mktemp("index"), TEXTS, DAY, shard_rows=120)
+    distill.run(config.parse(distill.DistillParams, {
+        "store": prepared["store"], "teacher": prepared["teacher"], "student": prepared["student"],
+        "pca_name": PCA_NAME, "max_steps": 2, "batch_size": 16, "val_fraction": 0.1, "name": "tiny", "threads": 1}))
+    return prepared["store"]
+
+
+def _build(store, **extra):
+    return build_index.run(config.parse(build_index.BuildIndexParams, {"store": store, "model_run": "tiny", **extra}))
+
+
+def test_flat_index_is_exact_promoted_and_searchable(store, capsys):
+    result = _build(store, index_type="flat", name="flat")
+    stats = result.stats
+    assert stats["rows"] == 300 and stats["dim"] == 8 and stats["recall_at_10"] == 1.0
+    assert stats["queries_per_s_batch1"] > 0 and stats["bytes"] >= 300 * 8 * 4
+    pointer = json.loads(storage.read_bytes(catalog.pointer_uri(store, Pointer.INDEX)))
+    assert pointer["manifest"] == result.manifest_uri and storage.exists(pointer["index"])
+    ids = storage.read_parquet(pointer["ids"])
+    assert contracts.identify(ids.schema) == ("index_ids", 1) and ids.num_rows == 300
+    embeddings = [o for o in result.outputs if o.contract == "student_embeddings"]
+    assert sum(o.rows for o in embeddings) == 300
+    hits = build_index.search(store, TEXTS[7], k=3)
+    assert hits[0]["text"] == TEXTS[7] and hits[0]["score"] == pytest.approx(1.0, abs=1e-4)
+    assert cli.main(["search", TEXTS[7], "-k", "2", "--store", store]) == 0
+    assert TEXTS[7] in capsys.readouterr().out
+    assert _build(store, index_type="flat", name="flat").skipped
+
+
+@pytest.mark.parametrize(("index_type", "extra", "factory"), [
+    ("hnsw", {"hnsw_m": 8}, "HNSW8,Flat"),
+    ("ivf_flat", {"nlist": 4, "nprobe": 4}, "IVF4,Flat"),
+    ("ivf_pq", {"nlist": 4, "nprobe": 4, "pq_m": 4, "pq_bits": 4}, "IVF4,PQ4x4"),
+    ("flat", {"sq8": True}, "SQ8"),
+])
+def test_index_types(store, index_type, extra, factory):
+    result = _build(store, index_type=index_type, name=f"t-{index_type}-{len(extra)}", promote=False, **extra)
+    stats = result.stats
+    assert stats["factory"] == factory
+    assert 0.3 <= stats["recall_at_10"] <= 1.0
+
+
+def test_auto_picks_by_size():
+    assert build_index.choose_type("auto", 50_000) == "flat"
+    assert build_index.choose_type("auto", 500_000) == "hnsw"
+    assert build_index.choose_type("auto", 5_000_000) == "ivf_pq"
+    assert build_index.choose_type("hnsw", 10) == "hnsw"
+
+
+def test_concurrent_promotions_have_one_winner(store):
+    _, seen = catalog.read_pointer(store, Pointer.INDEX)
+    published = [_build(store, index_type="flat", name=f"race-{i}", promote=False) for i in range(2)]
+    barrier, outcomes = threading.Barrier(2), []
+
+    def promote(result):
+        barrier.wait()
+        try:
+            outcomes.append(build_index.promote(store, result.manifest, seen)["run_id"])
+        except build_index.PromotionConflict as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=promote, args=(r,)) for r in published]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [o for o in outcomes if isinstance(o, str)]
+    assert len(winners) == 1 and sum(isinstance(o, build_index.PromotionConflict) for o in outcomes) == 1
+    pointer = json.loads(storage.read_bytes(catalog.pointer_uri(store, Pointer.INDEX)))
+    assert pointer["run_id"] == winners[0] and storage.exists(pointer["index"]) and storage.exists(pointer["ids"])
+
+
+def test_missing_objects_leave_the_pointer_alone(store):
+    _build(store, index_type="flat", name="promoted-before")
+    before = storage.read_bytes(catalog.pointer_uri(store, Pointer.INDEX))
+    result = _build(store, index_type="flat", name="broken", promote=False)
+    index_uri = next(o.uri for o in result.outputs if o.uri.endswith("index.faiss"))
+    storage.delete(index_uri)
+    _, seen = catalog.read_pointer(store, Pointer.INDEX)
+    with pytest.raises(build_index.IndexBuildError, match=f"{index_uri}: missing"):
+        build_index.promote(store, result.manifest, seen)
+    assert storage.read_bytes(catalog.pointer_uri(store, Pointer.INDEX)) == before
+
+
+def test_a_pointer_naming_a_missing_index_is_a_clear_error(tmp_path, store):
+    other = storage.to_uri(str(tmp_path / "other"))
+    ids = next(o.uri for o in _build(store, index_type="flat", name="gone", promote=False).outputs
+               if o.contract == "index_ids")
+    storage.write_bytes(catalog.pointer_uri(other, Pointer.INDEX), json.dumps(
+        {"ids": ids, "model_run": "tiny", "index": f"{other}/indexes/gone/index.faiss"}).encode())
+    with pytest.raises(build_index.IndexBuildError, match="gone/index.faiss, which does not exist"):
+        build_index.search(other, "anything")
+    with pytest.raises(build_index.IndexBuildError, match="no index promoted yet"):
+        build_index.search(storage.to_uri(str(tmp_path / "empty")), "anything")
+
+
+def test_bad_requests(store):
+    with pytest.raises(build_index.IndexBuildError, match="no published distill run 'nope'"):
+        _build(store, model_run="nope")
+    with pytest.raises(build_index.IndexBuildError, match="pq_m=3 does not divide the dimension 8"):
+        _build(store, index_type="ivf_pq", pq_m=3, name="bad-pq", promote=False)
+
+
+def test_bad_settings_write_nothing(store):
+    with pytest.raises(build_index.IndexBuildError, match="pq_m=3"):
+        _build(store, index_type="ivf_pq", pq_m=3, name="nothing-written", promote=False)
+    assert storage.list_uris(f"{store}/indexes/nothing-written") == []
+
+
+def test_the_promoted_student_is_the_default(store, tmp_path):
+    with pytest.raises(build_index.IndexBuildError, match="no promoted model"):
+        build_index.run(config.parse(build_index.BuildIndexParams, {"store": store, "promote": False}))
+    storage.write_bytes(f"{store}/models/current.json", json.dumps({"model_run": "tiny"}).encode())
+    result = build_index.run(config.parse(build_index.BuildIndexParams,
+                                          {"store": store, "promote": False, "name": "from-promoted"}))
+    assert result.manifest.params["model_run"] == "tiny"
+    storage.delete(f"{store}/models/current.json")
+
+
+def test_an_index_of_another_dimension_is_refused(store, tmp_path):
+    import faiss
+    import numpy as np
+
+    other = storage.to_uri(str(tmp_path / "other"))
+    ids = next(o.uri for o in _build(store, index_type="flat", name="dim", promote=False).outputs
+               if o.contract == "index_ids")
+    pointer = {"ids": ids, "model_run": "tiny"}
+    wrong = faiss.IndexFlatIP(5)
+    wrong.add(np.eye(5, dtype=np.float32))
+    storage.write_bytes(f"{other}/indexes/wrong/index.faiss", faiss.serialize_index(wrong).tobytes())
+    storage.write_bytes(catalog.pointer_uri(other, Pointer.INDEX), json.dumps(
+        {**pointer, "index": f"{other}/indexes/wrong/index.faiss"}).encode())
+    distill_manifest = storage.read_bytes(f"{store}/manifests/distill/tiny.json")
+    storage.write_bytes(f"{other}/manifests/distill/tiny.json", distill_manifest)
+    with pytest.raises(build_index.IndexBuildError, match="index dimension 5 differs from the model's 8"):
+        build_index.search(other, "anything")

@@ -1,0 +1,176 @@
+import gzip
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from datetime import date
+
+import numpy as np
+import pyarrow as pa
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from tasks.core import config, contracts, manifest, sentences, storage
+from tasks.core.catalog import Stage
+from tasks.ml import models
+from tasks.stages import encode_teacher, stage_corpus
+from tests.support.paths import CORPUS, REPO, SUPPORT
+from tests.support.tiny_models import build_sentence_model
+
+DAY = date(2026, 11, 1)
+HELPER = SUPPORT / "slow_encode.py"
+
+
+def _corpus_lines(n):
+    with gzip.open(CORPUS, "rt") as f:
+        next(f)
+        return [next(f).rstrip("\n").split("\t", 1)[1] for _ in range(n)]
+
+
+def _stage(store, tmp_path, n=40, shard_rows=10):
+    source = tmp_path / "raw.txt"
+    source.write_text("\n".join(_corpus_lines(n)))
+    stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, {
+        "store": store, "source": str(source), "ingest_date": DAY, "shard_rows": shard_rows}))
+
+
+def _params(store, model, **extra):
+    return config.parse(encode_teacher.EncodeTeacherParams,
+                        {"store": store, "teacher": str(model), "ingest_date": DAY, **extra})
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    return build_sentence_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.fixture
+def store(tmp_path):
+    return storage.to_uri(str(tmp_path / "store"))
+
+
+def test_each_shard_becomes_one_embedding_shard_then_skips(store, tmp_path, tiny_model):
+    _stage(store, tmp_path)
+    result = encode_teacher.run(_params(store, tiny_model))
+    assert result.stats == {"shards": 4, "encoded": 4, "skipped": 0, "rows": 40}
+    outputs = encode_teacher.output_shards(store, str(tiny_model), DAY)
+    assert len(outputs) == 4
+    table = storage.read_parquet(outputs[0])
+    assert contracts.identify(table.schema) == ("teacher_embeddings", 1)
+    assert table.schema.metadata[contracts.META_DIM] == b"32"
+    staged = storage.read_parquet(sentences.shards(store, DAY)[0])
+    assert table.column("sentence_id").to_pylist() == staged.column("sentence_id").to_pylist()
+    embeddings = np.array(table.column("embedding").to_pylist())
+    np.testing.assert_allclose(np.linalg.norm(embeddings, axis=1), 1.0, atol=1e-5)
+    for key in manifest.list_keys(store, Stage.ENCODE_TEACHER):
+        manifest.validate(manifest.read(store, Stage.ENCODE_TEACHER, key).document)
+
+    again = encode_teacher.run(_params(store, tiny_model))
+    assert again.skipped and again.stats["skipped"] == 4
+    group = encode_teacher.run(_params(store, tiny_model, shards=[1, 2]), force=True)
+    assert group.stats == {"shards": 2, "encoded": 2, "skipped": 0, "rows": 20}
+
+
+def test_float16_output_and_shard_selection(store, tmp_path, tiny_model):
+    _stage(store, tmp_path, n=20)
+    encode_teacher.run(_params(store, tiny_model, output_dtype="float16", shards=[0]))
+    (only,) = encode_teacher.output_shards(store, str(tiny_model), DAY)
+    assert storage.read_parquet(only).schema.field("embedding").type == pa.list_(pa.float16(), 32)
+    with pytest.raises(encode_teacher.EncodeError, match="out of range"):
+        encode_teacher.run(_params(store, tiny_model, shards=[7]))
+
+
+def test_nan_embeddings_fail_the_shard_naming_it(store, tmp_path, tiny_model):
+    broken = tmp_path / "broken"
+    build_sentence_model(broken)
+    weights = load_file(broken / "model.safetensors")
+    name = next(k for k in weights if k.endswith("embeddings.word_embeddings.weight"))
+    weights[name] = torch.full_like(weights[name], float("nan"))
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    _stage(store, tmp_path, n=10)
+    with pytest.raises(encode_teacher.EncodeError, match=r"sentences/ingest_date=2026-11-01/part-00000-.*NaN"):
+        encode_teacher.run(_params(store, broken))
+    assert storage.list_uris(f"{store}/teacher") == []
+    assert manifest.list_keys(store, "encode_teacher") == []
+
+
+def test_nothing_staged_is_a_clear_error(store, tiny_model):
+    with pytest.raises(encode_teacher.EncodeError, match="no sentences staged for ingest_date=2026-11-01"):
+        encode_teacher.run(_params(store, tiny_model))
+
+
+def test_missing_model_is_a_clear_error(store, tmp_path):
+    _stage(store, tmp_path, n=10)
+    with pytest.raises(models.ModelError, match="no such folder"):
+        encode_teacher.run(_params(store, tmp_path / "no-model"))
+
+
+def _watch_for_partial_shards(prefix, stop, seen, problems):
+    """Read every visible teacher shard while a run is going: each must be a complete Parquet file."""
+    while not stop.is_set():
+        for uri in storage.list_uris(prefix):
+            if uri not in seen:
+                try:
+                    seen[uri] = storage.read_parquet(uri).num_rows
+                except Exception as exc:  # any unreadable visible object is a failure
+                    problems.append(f"{uri}: {exc}")
+        time.sleep(0.01)
+
+
+def test_killed_run_resumes_to_byte_identical_shards(tmp_path, tiny_model):
+    stores = {name: storage.to_uri(str(tmp_path / name)) for name in ("killed", "straight")}
+    for store in stores.values():
+        _stage(store, tmp_path, n=80, shard_rows=10)  # 8 shards, the same in both stores
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    teacher_prefix = f"{stores['killed']}/teacher"
+    stop, seen, problems = threading.Event(), {}, []
+    watcher = threading.Thread(target=_watch_for_partial_shards, args=(teacher_prefix, stop, seen, problems))
+    watcher.start()
+    child = subprocess.Popen([sys.executable, str(HELPER), stores["killed"], str(tiny_model), DAY.isoformat(), "0.3"],
+                             env=env)
+    try:
+        deadline = time.monotonic() + 120
+        while len(manifest.list_keys(stores["killed"], "encode_teacher")) < 3:
+            assert child.poll() is None, "the run ended before it could be killed"
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    finally:
+        stop.set()
+        watcher.join()
+    assert problems == []
+    assert all(rows == 10 for rows in seen.values())
+    done_before_resume = len(manifest.list_keys(stores["killed"], "encode_teacher"))
+    assert 3 <= done_before_resume < 8
+
+    resumed = encode_teacher.run(_params(stores["killed"], tiny_model))
+    assert resumed.stats["skipped"] == done_before_resume
+    encode_teacher.run(_params(stores["straight"], tiny_model))
+    killed = encode_teacher.output_shards(stores["killed"], str(tiny_model), DAY)
+    straight = encode_teacher.output_shards(stores["straight"], str(tiny_model), DAY)
+    assert len(killed) == len(straight) == 8
+    for a, b in zip(killed, straight, strict=True):
+        assert a.rsplit("/", 1)[1] == b.rsplit("/", 1)[1]
+        assert storage.read_bytes(a) == storage.read_bytes(b)
+
+
+@pytest.mark.slow
+def test_real_teacher_matches_sentence_transformers(store, tmp_path):
+    from sentence_transformers import SentenceTransformer
+
+    _stage(store, tmp_path, n=200, shard_rows=100)
+    encode_teacher.run(_params(store, models.DEFAULT_TEACHER))
+    ours = pa.concat_tables([storage.read_parquet(u)
+                             for u in encode_teacher.output_shards(store, models.DEFAULT_TEACHER, DAY)])
+    staged = pa.concat_tables([storage.read_parquet(u) for u in sentences.shards(store, DAY)])
+    assert ours.column("sentence_id").to_pylist() == staged.column("sentence_id").to_pylist()
+    reference = SentenceTransformer(str(models.resolve(models.DEFAULT_TEACHER)), device="cpu").encode(
+        staged.column("text").to_pylist())
+    embeddings = np.array(ours.column("embedding").to_pylist(), dtype=np.float32)
+    assert embeddings.shape == (200, 768)
+    cosine = (embeddings * reference).sum(1) / np.linalg.norm(embeddings, axis=1) / np.linalg.norm(reference, axis=1)
+    assert cosine.min() >= 0.9999

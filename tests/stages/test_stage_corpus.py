@@ -1,0 +1,164 @@
+import gzip
+import json
+from datetime import date
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tasks.core import config, manifest, storage
+from tasks.core.sentences import normalise, sentence_id
+from tasks.core.sentences import shards as partition_shards
+from tasks.stages.stage_corpus import CorpusInputError, StageCorpusParams, run
+from tests.support.paths import CORPUS
+
+DAY1, DAY2 = date(2026, 11, 1), date(2026, 11, 2)
+
+
+@pytest.fixture
+def store(store_root):
+    return store_root
+
+
+def _params(store, source, **extra):
+    values = {"store": store, "source": str(source), "ingest_date": DAY1, **extra}
+    return config.parse(StageCorpusParams, values)
+
+
+def _staged_rows(store, day=DAY1):
+    tables = [storage.read_parquet(uri) for uri in partition_shards(store, day)]
+    return pa.concat_tables(tables).to_pylist() if tables else []
+
+
+def test_vendored_corpus_is_staged_sharded_and_skipped_on_rerun(store):
+    params = _params(store, CORPUS, column="sentence", shard_rows=20_000)
+    first = run(params)
+    assert not first.skipped
+    manifest.validate(first.manifest.document)
+    stats = first.stats
+    assert stats["rows_read"] == 88_388
+    assert stats["rows_written"] + sum(stats["dropped"].values()) == stats["rows_read"]
+    assert stats["rows_written"] > 88_000
+    outputs = first.outputs
+    assert len(outputs) == -(-stats["rows_written"] // 20_000)
+    assert all("/sentences/ingest_date=2026-11-01/part-" in o.uri for o in outputs)
+    for output in outputs:
+        assert manifest.sha256_hex(storage.read_bytes(output.uri)) == output.sha256
+    assert sum(storage.read_parquet(o.uri).num_rows for o in outputs) == stats["rows_written"]
+    assert first.manifest.inputs[0].sha256 == manifest.sha256_hex(CORPUS.read_bytes())
+
+    again = run(params)
+    assert again.skipped
+    assert again.manifest.run_id == first.manifest.run_id
+
+
+def test_second_partition_stores_repeated_sentences_once(store, tmp_path):
+    (tmp_path / "day1.txt").write_text("alpha one\nbeta two\ngamma three\n")
+    (tmp_path / "day2.txt").write_text("beta two\ndelta four\n  gamma   three \n")
+    run(_params(store, tmp_path / "day1.txt"))
+    second = run(config.parse(StageCorpusParams, {"store": store, "source": str(tmp_path / "day2.txt"),
+                                                  "ingest_date": DAY2}))
+    assert [r["text"] for r in _staged_rows(store, DAY2)] == ["delta four"]
+    assert second.stats["dropped"]["already_staged"] == 2
+
+
+def test_rows_keep_provenance_and_normalised_text(store, tmp_path):
+    source = tmp_path / "raw.txt"
+    source.write_text("Cafe\u0301  au\tlait\n\n   \nfirst\nfirst\n" + "x" * 30 + "\n")
+    result = run(_params(store, source, max_chars=20))
+    rows = _staged_rows(store)
+    assert [(r["text"], r["line"]) for r in rows] == [("Caf\u00e9 au lait", 1), ("first", 4)]
+    assert rows[0]["sentence_id"] == sentence_id("Caf\u00e9 au lait")
+    assert rows[0]["source"] == storage.to_uri(str(source))
+    assert rows[0]["ingest_date"] == DAY1 and rows[0]["parent_id"] is None
+    assert result.stats["dropped"] == {"empty": 2, "too_long": 1, "duplicate_in_input": 1,
+                                                   "already_staged": 0}
+
+
+@pytest.mark.parametrize("name", ["s.txt.gz", "s.jsonl", "s.csv", "s.tsv", "s.parquet"])
+def test_every_input_format(store, tmp_path, name):
+    texts = ['He said "hi", twice', "Second  line"]
+    path = tmp_path / name
+    if name == "s.txt.gz":
+        path.write_bytes(gzip.compress("\n".join(texts).encode()))
+    elif name == "s.jsonl":
+        path.write_text("\n".join(json.dumps({"id": i, "text": t}) for i, t in enumerate(texts)))
+    elif name == "s.csv":
+        path.write_text('id,text\n1,"He said ""hi"", twice"\n2,Second  line\n')
+    elif name == "s.tsv":
+        path.write_text('id\ttext\n1\tHe said "hi", twice\n2\tSecond  line\n')
+    else:
+        pq.write_table(pa.table({"text": texts, "id": [1, 2]}), path)
+    run(_params(store, path))
+    rows = _staged_rows(store)
+    assert [r["text"] for r in rows] == ['He said "hi", twice', "Second line"]
+    first_line = {"s.csv": 2, "s.tsv": 2}.get(name, 1)
+    assert [r["line"] for r in rows] == [first_line, first_line + 1]
+
+
+def test_a_folder_of_raw_files_is_one_partition(store, tmp_path):
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    (folder / "a.txt").write_text("one\ntwo\n")
+    (folder / "b.txt").write_text("two\nthree\n")
+    result = run(_params(store, folder))
+    assert [r["text"] for r in _staged_rows(store)] == ["one", "two", "three"]
+    assert len(result.manifest.inputs) == 2
+
+
+def test_force_reruns_and_removes_shards_it_no_longer_lists(store, tmp_path):
+    source = tmp_path / "raw.txt"
+    source.write_text("\n".join(f"sentence {i}" for i in range(10)))
+    first = run(_params(store, source, shard_rows=3))
+    assert len(first.outputs) == 4
+    rerun = run(_params(store, source, shard_rows=5), force=False)
+    assert not rerun.skipped  # params changed
+    kept = {o.uri for o in rerun.outputs}
+    assert len(kept) == 2
+    assert set(storage.list_uris(f"{store}/sentences")) == kept
+    forced = run(_params(store, source, shard_rows=5), force=True)
+    assert not forced.skipped and forced.manifest.run_id != rerun.manifest.run_id
+    assert {o.uri for o in forced.outputs} == kept
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "kwargs", "message"),
+    [
+        ("bad.txt", b"good line\n\xff\xfe broken\n", {}, "not valid UTF-8 at line 2"),
+        ("empty.txt", b"  \n", {}, "empty"),
+        ("s.csv", b"id,sentence\n1,hello\n", {}, "no column 'text'"),
+        ("s.jsonl", b'{"text": "ok"}\nnot json\n', {}, "line 2 is not JSON"),
+        ("s.jsonl", b'{"text": "ok"}\n{"other": 1}\n', {}, "line 2 has no field 'text'"),
+        ("s.parquet", b"PAR1 definitely not parquet", {}, "not a Parquet file"),
+        ("s.xml", b"<a/>", {}, "cannot tell the format"),
+        ("s.txt.gz", b"\x1f\x8b\x08\x00broken", {}, "corrupt gzip"),
+    ],
+)
+def test_bad_input_names_the_input_and_publishes_nothing(store, tmp_path, name, content, kwargs, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(CorpusInputError, match=message) as err:
+        run(_params(store, path, **kwargs))
+    assert str(err.value).startswith(storage.to_uri(str(path)))
+    assert storage.list_uris(store) == []
+
+
+def test_missing_source_is_a_clear_error(store, tmp_path):
+    with pytest.raises(CorpusInputError, match="no such file"):
+        run(_params(store, tmp_path / "nowhere.txt"))
+
+
+def test_normalise_and_sentence_id_are_stable():
+    assert normalise(" a\u00a0 b\n") == "a b"
+    # The id is part of the data contract: stored partitions rely on it never changing.
+    assert sentence_id(normalise("a  b")) == "acc9227cc02e5f5c13e74125bce89499"
+
+
+def test_limit_stages_a_sample_across_files(store, tmp_path):
+    folder = tmp_path / "raw"
+    folder.mkdir()
+    (folder / "a.txt").write_text("one\ntwo\n")
+    (folder / "b.txt").write_text("two\nthree\nfour\n")
+    result = run(_params(store, folder, limit=3))
+    assert [r["text"] for r in _staged_rows(store)] == ["one", "two"]
+    assert [i.rows for i in result.manifest.inputs] == [2, 1]

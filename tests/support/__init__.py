@@ -1,0 +1,1 @@
+"""Shared test helpers: tiny models, synthetic and projected stores, live services, subprocess helpers."""

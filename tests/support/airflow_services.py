@@ -1,0 +1,114 @@
+"""Real Airflow 3 services for integration tests: api-server on 127.0.0.1, scheduler, dag-processor.
+
+LocalExecutor on SQLite, a small parallelism, log serving off. Processes are started and ended by PID.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from tests.support.paths import REPO as ROOT
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AirflowServices:
+    def __init__(self, home: Path, extra_env: dict) -> None:
+        self.home, self.port = home, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.airflow = str(Path(sys.executable).parent / "airflow")
+        self.env = {**os.environ, **extra_env, "AIRFLOW_HOME": str(home),
+                    "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                    "AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "AIRFLOW__CORE__PARALLELISM": "2",
+                    "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+                    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+                    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "15",
+                    "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+        self.processes: dict[str, subprocess.Popen] = {}
+        self.token = ""
+
+    def start(self) -> None:
+        subprocess.run([self.airflow, "db", "migrate"], env=self.env, check=True, capture_output=True, timeout=300)
+        self.start_one("api-server", ["api-server", "-H", "127.0.0.1", "-p", str(self.port)])
+        self.start_one("scheduler", ["scheduler", "--skip-serve-logs"])
+        self.start_one("dag-processor", ["dag-processor"])
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5):
+                    break
+            except (urllib.error.URLError, ConnectionError):
+                time.sleep(1)
+        else:
+            raise RuntimeError(f"api-server on {self.url} did not answer")
+        passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
+        self.token = self.request("POST", "/auth/token", {"username": "admin", "password": passwords["admin"]},
+                                  auth=False)["access_token"]
+
+    def start_one(self, name: str, args: list[str]) -> None:
+        with open(self.home / f"{name}.log", "ab") as log:
+            self.processes[name] = subprocess.Popen([self.airflow, *args], env=self.env, stdout=log,
+                                                    stderr=subprocess.STDOUT, start_new_session=True,
+                                                    cwd=self.home)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a service and everything it started (its process group)."""
+        process = self.processes.pop(name)
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+    def stop(self) -> None:
+        for name in list(self.processes):
+            process = self.processes.pop(name)
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+    def request(self, method: str, path: str, body: dict | None = None, auth: bool = True) -> dict:
+        headers = {"Content-Type": "application/json"}
+        if auth:
+            headers["Authorization"] = f"Bearer {self.token}"
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(f"{self.url}{path}", data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                text = response.read()
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{method} {path}: {exc.code} {exc.read()[:500]!r}") from None
+        return json.loads(text) if text else {}
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                self.request("GET", f"/api/v2/dags/{dag_id}")
+                return
+            except RuntimeError:
+                time.sleep(2)
+        raise RuntimeError(f"{dag_id} was not parsed in {timeout} s")
+
+    def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 600) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
+            if state in ("success", "failed"):
+                return state
+            time.sleep(2)
+        raise RuntimeError(f"{dag_id} run {run_id} did not finish in {timeout} s")

@@ -1,0 +1,37 @@
+"""A store carried through the stages a distillation needs, with tiny models: corpus staged, encoded by a
+tiny teacher and projected to k=8 dims (fit-pca run ``k8-uncentered``)."""
+
+from __future__ import annotations
+
+import gzip
+from datetime import date
+from pathlib import Path
+
+from tasks.core import config, storage
+from tasks.stages import encode_teacher, fit_pca, stage_corpus
+from tests.support.paths import CORPUS
+from tests.support.tiny_models import build_sentence_model
+
+PCA_NAME = "k8-uncentered"
+
+
+def corpus_lines(count: int) -> list[str]:
+    """The first ``count`` sentences of the vendored corpus."""
+    with gzip.open(CORPUS, "rt") as f:
+        next(f)  # header
+        return [next(f).rstrip("\n").split("\t", 1)[1] for _ in range(count)]
+
+
+def projected_store(root: Path, lines: list[str], day: date, shard_rows: int) -> dict[str, str]:
+    """Stage ``lines`` as partition ``day``, encode them with a tiny teacher (48-d) and fit the PCA to 8 dims.
+    Returns the store URI and the tiny teacher and student (32-d) model folders."""
+    (root / "raw.txt").write_text("\n".join(lines))
+    teacher = str(build_sentence_model(root / "teacher", hidden=48, seed=1))
+    student = str(build_sentence_model(root / "student", hidden=32, seed=2))
+    store = storage.to_uri(str(root / "store"))
+    stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, {
+        "store": store, "source": str(root / "raw.txt"), "ingest_date": day, "shard_rows": shard_rows}))
+    encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams,
+                                    {"store": store, "teacher": teacher, "ingest_date": day}))
+    fit_pca.run(config.parse(fit_pca.FitPCAParams, {"store": store, "teacher": teacher, "k": 8}))
+    return {"store": store, "teacher": teacher, "student": student}
