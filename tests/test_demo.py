@@ -33,6 +33,6 @@ def test_demo_confs_are_valid_params_of_their_dags(dags, tmp_path):
 def test_a_conf_the_dag_refuses_is_caught(dags, tmp_path):
     plan = demo.DemoPlan(store="file:///tmp/store", airflow_home=tmp_path, extra_conf={"hpd_retrain": {"k": 0}})
     params = copy.deepcopy(dags["hpd_retrain"].params)
-    with pytest.raises(ValueError, match="param k: 0 is less than the minimum"):
+    with pytest.raises(ValueError, match="param k: 0 is less than or equal to the minimum of 0"):
         params.update(plan.confs()["hpd_retrain"])
         params.validate()

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from tasks.core import manifest, storage
+from tasks.core.catalog import Stage
 from tests.support.airflow_services import AirflowServices
 from tests.support.paths import REPO as ROOT
 from tests.support.tiny_models import build_sentence_model
@@ -34,7 +35,7 @@ def services(tmp_path_factory):
 
 
 def _checksums_agree(store):
-    for stage in ("stage_corpus", "augment", "encode_teacher"):
+    for stage in (Stage.STAGE_CORPUS, Stage.AUGMENT, Stage.ENCODE_TEACHER):
         for key in manifest.list_keys(store, stage):
             for output in manifest.read(store, stage, key).outputs:
                 assert manifest.sha256_hex(storage.read_bytes(output.uri)) == output.sha256, output.uri
@@ -48,7 +49,7 @@ def test_two_day_backfill_through_the_rest_api(services):
     days = ("2026-11-01", "2026-11-02")
     for day in days:
         assert services.wait_for_run("hpd_ingest", f"backfill__{day}T00:00:00+00:00", timeout=300) == "success"
-    written = [manifest.read(services.store, "stage_corpus", f"ingest_date={d}").stats["rows_written"] for d in days]
+    written = [manifest.read(services.store, Stage.STAGE_CORPUS, f"ingest_date={d}").stats["rows_written"] for d in days]
     assert sum(written) == 40  # both days read the same file: each sentence is stored once
     _checksums_agree(services.store)
 
@@ -59,7 +60,7 @@ def test_retrain_triggered_through_the_rest_api(services):
                                        "batch_size": 16, "amp": "off", "max_regression": 1000.0}})
     assert services.wait_for_run("hpd_retrain", run["dag_run_id"], timeout=400) == "success"
     promoted = json.loads(storage.read_bytes(f"{services.store}/models/current.json"))
-    assert manifest.read(services.store, "distill", promoted["model_run"]) is not None
+    assert manifest.read(services.store, Stage.DISTILL, promoted["model_run"]) is not None
 
 
 def test_a_run_completes_after_the_scheduler_is_killed(services):
@@ -73,5 +74,5 @@ def test_a_run_completes_after_the_scheduler_is_killed(services):
     services.kill("scheduler")
     services.start_one("scheduler", ["scheduler", "--skip-serve-logs"])
     assert services.wait_for_run("hpd_ingest", run["dag_run_id"], timeout=400) == "success"
-    assert manifest.read(services.store, "stage_corpus", "ingest_date=2026-11-05").stats["rows_written"] == 0
+    assert manifest.read(services.store, Stage.STAGE_CORPUS, "ingest_date=2026-11-05").stats["rows_written"] == 0
     _checksums_agree(services.store)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tasks.core import catalog, manifest, sentences, storage
+from tasks.core.catalog import Stage
 from tests.support.paths import REPO as ROOT
 from tests.support.paths import SUPPORT
 from tests.support.tiny_models import build_sentence_model
@@ -56,13 +57,13 @@ def _ingest(airflow_env, inputs, store):
 
 def test_ingest_runs_end_to_end(airflow_env, inputs, store_root):
     _ingest(airflow_env, inputs, store_root)
-    staged = manifest.read(store_root, "stage_corpus", f"ingest_date={DAY}")
-    assert staged["stats"]["rows_written"] == 60  # the partition comes from the data interval
+    staged = manifest.read(store_root, Stage.STAGE_CORPUS, catalog.partition_key(DAY))
+    assert staged.stats["rows_written"] == 60  # the partition comes from the data interval
     shards = sentences.shards(store_root, DAY)
     assert [uri.rsplit("/", 3)[-3] for uri in shards] == ["sentences", "sentences_aug"]
-    encoded = manifest.list_keys(store_root, "encode_teacher")
+    encoded = manifest.list_keys(store_root, Stage.ENCODE_TEACHER)
     assert len(encoded) == len(shards)
-    assert storage.exists(catalog.manifest_uri(store_root, "augment", f"ingest_date={DAY}"))
+    assert storage.exists(catalog.manifest_uri(store_root, Stage.AUGMENT, catalog.partition_key(DAY)))
 
 
 def test_demo_chain_runs_every_dag_and_reruns_idempotently(inputs, store_root, tmp_path):
@@ -82,12 +83,10 @@ def test_demo_chain_runs_every_dag_and_reruns_idempotently(inputs, store_root, t
     assert all(storage.exists(where[key]) for key in ("validation report", "index"))
     assert storage.exists(storage.join(where["model (sentence-transformers folder)"], "modules.json"))
     assert build_index.search(store_root, "a sentence", 2)
-    assert manifest.read(store_root, "quality", f"ingest_date={DAY}").stats["passed"] is True
+    assert manifest.read(store_root, Stage.QUALITY, catalog.partition_key(DAY)).stats["passed"] is True
 
     def manifests() -> dict[str, bytes]:
-        keys = [(stage, key) for stage in ("stage_corpus", "augment", "encode_teacher", "fit_pca", "distill",
-                                           "validate", "build_index", "quality")
-                for key in manifest.list_keys(store_root, stage)]
+        keys = [(stage, key) for stage in Stage for key in manifest.list_keys(store_root, stage)]
         return {f"{s}/{k}": storage.read_bytes(catalog.manifest_uri(store_root, s, k)) for s, k in keys}
 
     before = manifests()
