@@ -13,7 +13,7 @@ HPD := HPD_STORE=$(STORE) $(BIN)/hpd
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv demo test bench lock clean
+.PHONY: venv demo test lint bench lock clean
 
 $(INSTALLED): requirements.lock requirements-models.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,13 @@ demo: venv
 
 test: venv
 	$(BIN)/python -m pytest
+
+# The quality gate CI runs before the tests: lint (with complexity and argument-count rules), formatting,
+# and strict types on the core wing.
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: venv
 	$(BIN)/python -m bench

@@ -19,6 +19,8 @@ from torch import nn
 from transformers import set_seed
 
 WARMUP = 2
+# As the distillation stage trains: lr 1e-4, sequences cut at 128 tokens, seed 0.
+LR, MAX_SEQ_LENGTH, SEED = 1e-4, 128, 0
 
 
 def _student(model_dir: str, k: int, max_seq_length: int) -> SentenceTransformer:
@@ -30,7 +32,7 @@ def _student(model_dir: str, k: int, max_seq_length: int) -> SentenceTransformer
 
 
 def _with_trainer(model: SentenceTransformer, loss: nn.Module, texts: list[str], targets: np.ndarray,
-                  batch_size: int, steps: int, lr: float, seed: int) -> tuple[float, str]:
+                  batch_size: int, steps: int) -> tuple[float, str]:
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from transformers import TrainerCallback
@@ -45,10 +47,10 @@ def _with_trainer(model: SentenceTransformer, loss: nn.Module, texts: list[str],
     ds = Dataset.from_dict({"sentence": texts, "label": targets.tolist()})
     with tempfile.TemporaryDirectory(prefix="st_baseline_") as out:
         args = SentenceTransformerTrainingArguments(
-            output_dir=out, max_steps=WARMUP + steps, per_device_train_batch_size=batch_size, learning_rate=lr,
+            output_dir=out, max_steps=WARMUP + steps, per_device_train_batch_size=batch_size, learning_rate=LR,
             lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0,
             eval_strategy="no", save_strategy="no", logging_strategy="no", report_to="none",
-            disable_tqdm=True, use_cpu=True, seed=seed, data_seed=seed, dataloader_num_workers=0,
+            disable_tqdm=True, use_cpu=True, seed=SEED, data_seed=SEED, dataloader_num_workers=0,
         )
         trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=ds, loss=loss,
                                              callbacks=[_Clock()])
@@ -57,18 +59,17 @@ def _with_trainer(model: SentenceTransformer, loss: nn.Module, texts: list[str],
 
 
 
-def measure(model_dir: str, texts: list[str], targets: np.ndarray, batch_size: int, threads: int,
-            steps: int, lr: float = 1e-4, max_seq_length: int = 128, seed: int = 0) -> dict:
+def measure(model_dir: str, texts: list[str], targets: np.ndarray, batch_size: int, threads: int, steps: int) -> dict:
     """Train the sentence-transformers student `model_dir` + Dense(hidden -> targets.shape[1], tanh) with
     sentence-transformers' trainer and MSELoss for `steps` optimizer steps on (texts, targets);
     return {"sentences_per_s", "seconds", "steps", "final_loss", "how" (one line naming the API used)}."""
     torch.set_num_threads(threads)
-    set_seed(seed)
+    set_seed(SEED)
     targets = np.asarray(targets, dtype=np.float32)
-    model = _student(model_dir, targets.shape[1], max_seq_length)
+    model = _student(model_dir, targets.shape[1], MAX_SEQ_LENGTH)
     loss = losses.MSELoss(model)
     last: list[float] = []
     loss.register_forward_hook(lambda _m, _i, out: last.append(float(out.detach())))
-    seconds, how = _with_trainer(model, loss, texts, targets, batch_size, steps, lr, seed)
+    seconds, how = _with_trainer(model, loss, texts, targets, batch_size, steps)
     return {"sentences_per_s": steps * batch_size / seconds, "seconds": seconds, "steps": steps,
             "final_loss": last[-1], "how": how}

@@ -84,9 +84,14 @@ def partition_date(key: str) -> date:
     return date.fromisoformat(key.removeprefix("ingest_date="))
 
 
+def teacher_key_prefix(teacher: str) -> str:
+    """What every encode_teacher key of ``teacher`` starts with."""
+    return slug(teacher)
+
+
 def teacher_partition(teacher: str, ingest_date: date) -> str:
     """A partition's teacher embeddings, under ``teacher/`` and ``manifests/encode_teacher/``."""
-    return f"{slug(teacher)}/{partition_key(ingest_date)}"
+    return f"{teacher_key_prefix(teacher)}/{partition_key(ingest_date)}"
 
 
 def derived_stem(source_uri: str) -> str:

@@ -7,7 +7,7 @@ Airflow ``Param`` or a test) into it, or raises :class:`ConfigError` listing eve
 from __future__ import annotations
 
 import os
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -42,7 +42,7 @@ class StageParams(BaseModel):
 P = TypeVar("P", bound=StageParams)
 
 
-def parse(model: type[P], values: dict) -> P:
+def parse(model: type[P], values: dict[str, Any]) -> P:
     """Validate ``values`` into ``model``; unknown keys and wrong values raise :class:`ConfigError`."""
     try:
         return model.model_validate(values)

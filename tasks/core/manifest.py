@@ -2,10 +2,11 @@
 
 A manifest lives where the catalog puts it (``manifests/<stage>/<key>.json``; the key names what the
 run covers, e.g. ``ingest_date=2026-11-30``). Its records are typed: :class:`Input`, :class:`Output`
-and :class:`Manifest`; on disk it is JSON checked against ``schemas/manifest.schema.json``. Its ``fingerprint`` hashes the stage, key, input checksums and
-params: a run that finds a manifest with its own fingerprint has nothing to do. The manifest is
-published after every output (create-if-absent the first time, compare-and-swap on a rerun), so
-"manifest present" means "outputs complete".
+and :class:`Manifest`; on disk it is JSON checked against ``schemas/manifest.schema.json``. Its
+``fingerprint`` hashes the stage, key, input checksums and params: a run that finds a manifest with
+its own fingerprint has nothing to do. The manifest is published after every output
+(create-if-absent the first time, compare-and-swap on a rerun), so "manifest present" means "outputs
+complete".
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from datetime import UTC, datetime
 from functools import cache
 from importlib import metadata, resources
 from pathlib import Path
-from typing import Any, Self
+from typing import Any, Self, cast
 
 import jsonschema
 
@@ -155,11 +156,11 @@ def fingerprint(stage: str, key: str, inputs: list[Input], params: dict[str, Any
 
 
 @cache
-def _schema() -> dict:
-    return json.loads(resources.files("schemas").joinpath("manifest.schema.json").read_text())
+def _schema() -> dict[str, Any]:
+    return cast(dict[str, Any], json.loads(resources.files("schemas").joinpath("manifest.schema.json").read_text()))
 
 
-def validate(manifest: dict) -> None:
+def validate(manifest: dict[str, Any]) -> None:
     """Raise :class:`ManifestError` unless ``manifest`` matches ``schemas/manifest.schema.json``."""
     try:
         jsonschema.validate(manifest, _schema(), format_checker=jsonschema.FormatChecker())
@@ -271,7 +272,7 @@ class StageRun:
 
     def build(self) -> dict[str, Any]:
         self.timings_s["total"] = round(time.perf_counter() - self._clock, 4)
-        document = redact({
+        document: dict[str, Any] = redact({
             "manifest_version": MANIFEST_VERSION,
             "stage": str(self.stage),
             "run_id": self.run_id,

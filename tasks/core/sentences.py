@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from datetime import date
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,7 +42,7 @@ def hashed_below(sentence_ids: list[str], fraction: float, salt: str) -> np.ndar
                      / scale < fraction for sid in sentence_ids], dtype=bool)
 
 
-def table(rows: dict[str, list], ingest_date: date) -> pa.Table:
+def table(rows: dict[str, list[Any]], ingest_date: date) -> pa.Table:
     """A contract-checked ``sentences`` table from column lists (lineage columns may be absent)."""
     n = len(rows["sentence_id"])
     columns = {

@@ -376,7 +376,8 @@ class _S3:
     def read_bytes(self, uri: str) -> bytes:
         bucket, key = self._object(uri)
         try:
-            return s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+            body: bytes = s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
+            return body
         except (ClientError, BotoCoreError) as exc:
             raise self._fail(uri, exc) from exc
 

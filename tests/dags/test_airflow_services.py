@@ -49,7 +49,8 @@ def test_two_day_backfill_through_the_rest_api(services):
     days = ("2026-11-01", "2026-11-02")
     for day in days:
         assert services.wait_for_run("hpd_ingest", f"backfill__{day}T00:00:00+00:00", timeout=300) == "success"
-    written = [manifest.read(services.store, Stage.STAGE_CORPUS, f"ingest_date={d}").stats["rows_written"] for d in days]
+    written = [manifest.read(services.store, Stage.STAGE_CORPUS, f"ingest_date={d}").stats["rows_written"]
+               for d in days]
     assert sum(written) == 40  # both days read the same file: each sentence is stored once
     _checksums_agree(services.store)
 

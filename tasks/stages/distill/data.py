@@ -79,7 +79,7 @@ def shard_pairs(store: str, teacher: str, pca_name: str, partitions: list[date] 
 def _encoded_sources(store: str, teacher: str) -> dict[str, manifest.Input]:
     """Each teacher-embedding shard of ``teacher`` -> the sentences shard it encoded."""
     sources = {}
-    for key in manifest.list_keys(store, Stage.ENCODE_TEACHER, catalog.slug(teacher)):
+    for key in manifest.list_keys(store, Stage.ENCODE_TEACHER, catalog.teacher_key_prefix(teacher)):
         published = manifest.read(store, Stage.ENCODE_TEACHER, key)
         for output in published.outputs if published else ():
             sources[output.uri] = published.inputs[0]
