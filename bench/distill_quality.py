@@ -14,15 +14,15 @@ from __future__ import annotations
 import os
 import time
 from datetime import date
-from pathlib import Path
 
-from bench import results
-from tasks.core import config, sentences, storage
+from bench import REPO, results
+from tasks.core import config, manifest, sentences, storage
+from tasks.core.catalog import Stage
 from tasks.ml import models, sts
 from tasks.ml.projection import load_projection
 from tasks.stages import augment, distill, encode_teacher, fit_pca, stage_corpus
 
-ROOT = Path(__file__).parents[1]
+ROOT = REPO
 STORE = storage.to_uri(str(ROOT / "var" / "bench" / "distill_quality"))
 DAY = date(2026, 1, 1)
 SENTENCES = int(os.environ.get("HPD_BENCH_SENTENCES", 16_000))
@@ -52,13 +52,13 @@ def prepare() -> dict:
     return timings
 
 
-def _train(name: str, overrides: dict) -> tuple[dict, float]:
+def _train(name: str, overrides: dict) -> tuple[manifest.StageResult, float]:
     values = {"store": STORE, "batch_size": 64, "lr": 1e-4, "epochs": EPOCHS, "warmup_ratio": 0.05,
               "amp": "bf16", "threads": THREADS, "eval_every": 100, "checkpoint_every": 100,
               "name": name.replace(" ", "").replace("(", "-").replace(")", ""), **overrides}
     start = time.perf_counter()
     result = distill.run(config.parse(distill.DistillParams, values), progress=True)
-    return result.manifest, time.perf_counter() - start
+    return result, time.perf_counter() - start
 
 
 def _pca_baseline(encoder, train_texts: list[str]):
@@ -82,7 +82,7 @@ def main() -> dict:
     torch.set_num_threads(THREADS)
     started = time.perf_counter()
     timings = prepare()
-    train_texts = [t for uri in sentences.shards(STORE, DAY, ("stage_corpus",))
+    train_texts = [t for uri in sentences.shards(STORE, DAY, (Stage.STAGE_CORPUS,))
                    for t in storage.read_parquet(uri, columns=["text"]).column("text").to_pylist()][:8000]
     table: dict[str, dict] = {}
     teacher = SentenceEncoder.load(models.DEFAULT_TEACHER)
@@ -92,9 +92,9 @@ def main() -> dict:
     runs = {}
     for name, overrides in STUDENTS.items():
         published, seconds = _train(name, overrides)
-        runs[name] = {"seconds": round(seconds, 1), "stats": published["stats"]}
+        runs[name] = {"seconds": round(seconds, 1), "stats": published.stats}
         model_dir = ROOT / "var" / "bench" / "students" / name.replace(" ", "_")
-        distilled = SentenceEncoder.load(str(student.fetch_exported(STORE, published["key"], model_dir)))
+        distilled = SentenceEncoder.load(str(student.fetch_exported(STORE, published.manifest.key, model_dir)))
         table[f"student {name} (128-d)"] = _scores(lambda t, m=distilled: m.encode(t, batch_size=64))
         if "random" not in name:
             base = student.build(models.DEFAULT_STUDENT, 128, layers=overrides["student_layers"])

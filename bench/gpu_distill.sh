@@ -22,14 +22,15 @@ hpd distill --device cuda --amp bf16 --batch-size 256 --lr 1e-4 --epochs 5 --eva
     --name gpu-check >/dev/null
 "$PY" - <<'PY'
 import json, os
-from tasks.ml import sts, student
 from tasks.core import manifest, storage
+from tasks.core.catalog import Stage
+from tasks.ml import sts, student
 from tasks.ml.encoder import SentenceEncoder
 import tempfile, pathlib
 
 store = storage.to_uri(os.environ["HPD_STORE"])
-published = manifest.read(store, "distill", "gpu-check")
-stats, seconds = published["stats"], published["timings_s"]["train"]
+published = manifest.read(store, Stage.DISTILL, "gpu-check")
+stats, seconds = published.stats, published.document["timings_s"]["train"]
 model_prefix = student.exported_prefix(store, "gpu-check")
 losses = storage.read_bytes(model_prefix.removesuffix("/model") + "/losses.jsonl").decode().splitlines()
 print(f"steps: {stats['steps']}, throughput: {stats['steps'] * 256 / seconds:.0f} sentences/s (train phase {seconds:.0f} s)")

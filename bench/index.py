@@ -16,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from bench import distill_quality, results
-from tasks.core import datasets, manifest, sentences, storage
+from tasks.core import catalog, datasets, manifest, sentences, storage
+from tasks.core.catalog import Stage
 from tasks.ml import models, student
 from tasks.stages import build_index
 
@@ -33,14 +34,15 @@ def main() -> dict:
     torch.set_num_threads(len(os.sched_getaffinity(0)))
     faiss.omp_set_num_threads(len(os.sched_getaffinity(0)))
     store, day = distill_quality.STORE, distill_quality.DAY
-    if manifest.read(store, "distill", STUDENT_RUN) is None:
+    if manifest.read(store, Stage.DISTILL, STUDENT_RUN) is None:
         raise SystemExit("run `python -m bench distill_quality` first: this benchmark reuses its store and student")
-    shards = sentences.shards(store, day, ("stage_corpus",))
+    shards = sentences.shards(store, day, (Stage.STAGE_CORPUS,))
     texts, teacher = [], []
     for uri in shards:
         texts.extend(storage.read_parquet(uri, columns=["text"]).column("text").to_pylist())
-        published = manifest.read(store, "encode_teacher", datasets.teacher_shard_key(models.DEFAULT_TEACHER, day, uri))
-        teacher.append(datasets.vectors(storage.read_parquet(published["outputs"][0]["uri"]), "embedding"))
+        key = catalog.teacher_shard_key(models.DEFAULT_TEACHER, day, uri)
+        published = manifest.read(store, Stage.ENCODE_TEACHER, key)
+        teacher.append(datasets.vectors(storage.read_parquet(published.outputs[0].uri), "embedding"))
     with tempfile.TemporaryDirectory() as scratch:
         student_model = SentenceEncoder.load(str(student.fetch_exported(store, STUDENT_RUN, Path(scratch))))
         student_vectors = student_model.encode(texts, batch_size=128)

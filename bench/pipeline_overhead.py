@@ -11,23 +11,22 @@ from __future__ import annotations
 
 import shutil
 from collections import defaultdict
-from pathlib import Path
 
-from bench import results
+from bench import REPO, results
 from tasks import demo
 from tasks.core import manifest, storage
+from tasks.core.catalog import Stage
 
-WORKDIR = Path(__file__).parents[1] / "var" / "bench" / "pipeline_overhead"
-STAGES = ("stage_corpus", "augment", "encode_teacher", "fit_pca", "distill", "validate", "build_index", "quality")
+WORKDIR = REPO / "var" / "bench" / "pipeline_overhead"
 
 
 def stage_seconds(store: str) -> dict[str, dict]:
     """Per stage: how many manifests and the sum of their ``timings_s.total``."""
     found: dict[str, dict] = defaultdict(lambda: {"runs": 0, "seconds": 0.0})
-    for stage in STAGES:
+    for stage in Stage:
         for key in manifest.list_keys(store, stage):
             found[stage]["runs"] += 1
-            found[stage]["seconds"] += manifest.read(store, stage, key)["timings_s"]["total"]
+            found[stage]["seconds"] += manifest.read(store, stage, key).document["timings_s"]["total"]
     return {stage: {"runs": v["runs"], "seconds": round(v["seconds"], 2)} for stage, v in found.items()}
 
 

@@ -8,8 +8,10 @@ import platform
 import re
 from pathlib import Path
 
+from bench import REPO
+
 RESULTS = Path(__file__).parent / "results"
-README = Path(__file__).parents[1] / "README.md"
+README = REPO / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 
 

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench import results
+from bench import CORPUS, REPO, results
 from tasks.core import config, storage
 from tasks.stages.stage_corpus import StageCorpusParams, run
 
-CORPUS = Path(__file__).parents[1] / "data" / "corpus" / "sentences.tsv.gz"
 REPEATS = 3
 
 
@@ -55,7 +54,7 @@ def main() -> dict:
     return results.write(
         "stage_corpus", unit="sentences/s", ours=round(ours), baseline_name="pandas read_csv+normalise+"
         "drop_duplicates+to_parquet", baseline=round(baseline), higher_is_better=True,
-        details={"corpus": str(CORPUS.relative_to(CORPUS.parents[2])), "repeats": REPEATS,
+        details={"corpus": str(CORPUS.relative_to(REPO)), "repeats": REPEATS,
                  "ours_seconds": our_times, "baseline_seconds": baseline_times,
                  "note": "ours also hashes ids, checks the data contract, shards and writes a manifest"})
 

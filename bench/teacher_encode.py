@@ -11,15 +11,13 @@ from __future__ import annotations
 import gzip
 import os
 import time
-from pathlib import Path
 
 import numpy as np
 
-from bench import results
+from bench import CORPUS, results
 
 SENTENCES = 5_000
 THREADS = int(os.environ.get("HPD_BENCH_THREADS", len(os.sched_getaffinity(0))))
-CORPUS = Path(__file__).parents[1] / "data" / "corpus" / "sentences.tsv.gz"
 
 
 def _sentences() -> list[str]:

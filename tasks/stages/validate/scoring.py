@@ -23,7 +23,7 @@ from tasks.core import datasets, manifest, sentences, storage
 from tasks.core.catalog import Stage
 from tasks.ml import metrics, sts
 from tasks.stages import encode_teacher
-from tasks.stages.params import ValidateParams
+from tasks.stages.params import DistillParams, ValidateParams
 from tasks.stages.validate.errors import ValidationError
 from tasks.stages.validate.promotion import BASELINE
 
@@ -49,8 +49,8 @@ def measure(params: ValidateParams, distilled: manifest.Manifest, pair_sets: lis
     from tasks.ml import student
     from tasks.ml.encoder import SentenceEncoder
 
-    trained = distilled.params
-    corpus = corpus_sample(params.store, trained["teacher"], params.retrieval_sample)
+    trained = DistillParams.model_validate(distilled.params)
+    corpus = corpus_sample(params.store, trained.teacher, params.retrieval_sample)
     with tempfile.TemporaryDirectory() as scratch:
         model = SentenceEncoder.load(str(student.fetch_exported(params.store, params.model_run, Path(scratch))))
         encoders, explained = _encoders(params, trained, model, corpus.texts)
@@ -65,16 +65,16 @@ def measure(params: ValidateParams, distilled: manifest.Manifest, pair_sets: lis
         return Measurements(table, _retrieval(model.encode, student_corpus, corpus, stsb), plots)
 
 
-def _encoders(params: ValidateParams, trained: dict[str, Any], model: Any,
+def _encoders(params: ValidateParams, trained: DistillParams, model: Any,
               corpus_texts: list[str]) -> tuple[dict[str, Encode], np.ndarray]:
     """The four encoders scored, and the fitted PCA's explained variance ratio."""
     from tasks.ml import student
     from tasks.ml.encoder import SentenceEncoder
     from tasks.ml.projection import MomentAccumulator, load_projection
 
-    teacher = SentenceEncoder.load(trained["teacher"])
-    projection = load_projection(params.store, trained["teacher"], trained["pca_name"])
-    base = student.build(trained["student"], model.dim, layers=trained["student_layers"])
+    teacher = SentenceEncoder.load(trained.teacher)
+    projection = load_projection(params.store, trained.teacher, trained.pca_name)
+    base = student.build(trained.student, model.dim, layers=trained.student_layers)
     base.dense = None
     moments = MomentAccumulator(base.dim)
     moments.add(base.encode(corpus_texts))
