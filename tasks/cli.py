@@ -23,7 +23,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from tasks.core import config, storage
+from tasks.core import config
+from tasks.core.uris import StorageError, to_uri
 from tasks.core.catalog import Stage
 from tasks.stages.params import PARAMS
 
@@ -60,7 +61,7 @@ def _choices(annotation: object) -> list[Any] | None:
 
 def _help(field: FieldInfo) -> str:
     text = field.description or ""
-    if field.is_required():
+    if field.is_required() or "(default:" in text:
         return text
     default = "$HPD_STORE, else ./var/store" if field.default_factory else field.default
     return f"{text} (default: {default})".strip()
@@ -114,7 +115,7 @@ def _add_demo_parser(sub: Any) -> None:
 
 def _store(args: dict) -> str:
     """The ``--store`` option as a URI, else ``$HPD_STORE`` / ``./var/store``."""
-    return storage.to_uri(args["store"]) if args["store"] else config.default_store()
+    return to_uri(args["store"]) if args["store"] else config.default_store()
 
 
 def _demo(args: dict) -> int:
@@ -129,7 +130,7 @@ def _demo(args: dict) -> int:
     try:
         demo.run_chain(plan)
         where = demo.locations(store)
-    except (demo.DemoError, ValueError, storage.StorageError) as exc:
+    except (demo.DemoError, ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
     print(f"\nThe DAG chain finished in {time.perf_counter() - start:.0f} s.")
@@ -146,7 +147,7 @@ def _search(args: dict) -> int:
 
     try:
         hits = build_index.search(_store(args), args["query"], args["k"])
-    except (ValueError, storage.StorageError) as exc:
+    except (ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
     for hit in hits:
@@ -164,7 +165,7 @@ def _run_stage(stage: Stage, args: dict) -> int:
     module = importlib.import_module(f"tasks.stages.{stage}")
     try:
         result = module.run(params, force=force, progress=not quiet)
-    except (ValueError, storage.StorageError) as exc:
+    except (ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
     summary = {"manifest": result.manifest_uri, "skipped": result.skipped, "stats": result.stats,

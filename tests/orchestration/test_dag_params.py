@@ -49,29 +49,34 @@ def param_problems(dag_id: str, name: str, param: Param) -> list[str]:
     if model is None or field not in model.model_fields:
         return [f"{where}: {FIELD_KEY} {ref!r} names no stage parameter"]
     expected = field_schema(model, field)
+    return [f"{where}: {problem}" for problem in (_schema_problems(ref, schema, expected, param.value)
+                                                  + _default_problems(ref, param, expected))]
+
+
+def _schema_problems(ref: str, schema: dict[str, Any], expected: dict[str, Any], default: Any) -> list[str]:
     problems = []
-    default = param.value
     dag_types, field_types = _types(schema), _types(expected)
     widened = default is None and "null" not in field_types and sorted(dag_types) == sorted([*field_types, "null"])
     if sorted(map(str, dag_types)) != sorted(map(str, field_types)) and not widened:
-        problems.append(f"{where}: type {schema.get('type')!r} != {ref} type {expected.get('type')!r}")
+        problems.append(f"type {schema.get('type')!r} != {ref} type {expected.get('type')!r}")
     for key in COMPARED:
-        if key == "type":
-            continue
-        if schema.get(key, _MISSING) != expected.get(key, _MISSING):
-            problems.append(f"{where}: {key} {schema.get(key, '(none)')!r} != {ref} "
-                            f"{key} {expected.get(key, '(none)')!r}")
-    stage_default = expected.get("default", _MISSING)
-    same = stage_default is not _MISSING and default == stage_default and type(default) is type(stage_default)
-    if not same:
-        description = param.description or ""
-        override = _OVERRIDE.search(description)
-        if "stage default" not in description or override is None:
-            problems.append(f"{where}: default {default!r} differs from {ref}'s "
-                            f"({'required' if stage_default is _MISSING else repr(stage_default)}) with no reason")
-        elif override["dag"] != repr(default):
-            problems.append(f"{where}: description states DAG default {override['dag']}, the param's is {default!r}")
+        if key != "type" and schema.get(key, _MISSING) != expected.get(key, _MISSING):
+            problems.append(f"{key} {schema.get(key, '(none)')!r} != {ref} {key} {expected.get(key, '(none)')!r}")
     return problems
+
+
+def _default_problems(ref: str, param: Param, expected: dict[str, Any]) -> list[str]:
+    default, stage_default = param.value, expected.get("default", _MISSING)
+    if stage_default is not _MISSING and default == stage_default and type(default) is type(stage_default):
+        return []
+    description = param.description or ""
+    override = _OVERRIDE.search(description)
+    if "stage default" not in description or override is None:
+        return [f"default {default!r} differs from {ref}'s "
+                f"({'required' if stage_default is _MISSING else repr(stage_default)}) with no reason"]
+    if override["dag"] != repr(default):
+        return [f"description states DAG default {override['dag']}, the param's is {default!r}"]
+    return []
 
 
 @pytest.fixture(scope="module")
@@ -159,11 +164,10 @@ def test_checker_flags_drifted_enum_pattern_and_items():
 def test_checker_wants_a_reason_for_another_default():
     schema = {"type": "integer", "exclusiveMinimum": 0}
     assert param_problems("d", "k", _tagged(64, "FitPCAParams.k", "output dimension", **schema))
-    assert param_problems("d", "k", _tagged(64, "FitPCAParams.k",
-                                            "output dimension. DAG default 64 (stage default 128): smaller", **schema)) == []
+    explained = "output dimension. DAG default 64 (stage default 128): smaller"
+    assert param_problems("d", "k", _tagged(64, "FitPCAParams.k", explained, **schema)) == []
     # the stated DAG default must be the param's own
-    assert param_problems("d", "k", _tagged(32, "FitPCAParams.k",
-                                            "output dimension. DAG default 64 (stage default 128): smaller", **schema))
+    assert param_problems("d", "k", _tagged(32, "FitPCAParams.k", explained, **schema))
     # a bool default that merely equals the stage's int-wise is still a different default
     assert param_problems("d", "w", _tagged(1, "FitPCAParams.write_targets", None, type="boolean"))
 
