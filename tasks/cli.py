@@ -24,8 +24,8 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from tasks.core import config
-from tasks.core.uris import StorageError, to_uri
 from tasks.core.catalog import Stage
+from tasks.core.uris import StorageError, to_uri
 from tasks.stages.params import PARAMS
 
 HELP = {
