@@ -106,10 +106,10 @@ def locations(store: str) -> dict[str, str]:
     pointer, _ = catalog.read_pointer(store, Pointer.MODEL)
     if pointer is None:
         raise DemoError(f"{store}: no promoted model (the quality gate did not pass; see the validate manifest)")
-    run = pointer["model_run"]
+    run = pointer.model_run
     validated = manifest.read(store, Stage.VALIDATE, run)
     index, _ = catalog.read_pointer(store, Pointer.INDEX)
     if validated is None or index is None:
         raise DemoError(f"{store}: the promoted model {run!r} has no validation manifest or no index was promoted")
     return {"model run": run, "model (sentence-transformers folder)": student.exported_prefix(store, run),
-            "validation report": validated.output_named("report.html").uri, "index": index["index"]}
+            "validation report": validated.output_named("report.html").uri, "index": index.index}

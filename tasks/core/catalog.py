@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import asdict, dataclass
 from datetime import date
 from enum import StrEnum
-from typing import Any
+from typing import Literal, overload
 
 from tasks.core.uris import join
 
@@ -54,6 +55,10 @@ _FINGERPRINT_CHARS = 12
 
 class PointerMoved(RuntimeError):
     """A pointer changed since it was read; the compare-and-swap lost."""
+
+
+class PointerError(ValueError):
+    """A pointer object that is not what its name says; the message names it."""
 
 
 # -- names --------------------------------------------------------------------------------------------------
@@ -164,25 +169,60 @@ class Pointer(StrEnum):
     INDEX = "indexes/current.json"
 
 
+@dataclass(frozen=True)
+class ModelPointer:
+    """``models/current.json``: the promoted distill run, its STS scores and its validate manifest."""
+
+    model_run: str
+    scores: dict[str, float]
+    validation: str
+
+
+@dataclass(frozen=True)
+class IndexPointer:
+    """``indexes/current.json``: the promoted index, its id map, its build manifest and what it holds."""
+
+    index: str
+    ids: str
+    manifest: str
+    model_run: str
+    dim: int
+    run_id: str
+
+
+_RECORDS: dict[Pointer, type[ModelPointer] | type[IndexPointer]] = {Pointer.MODEL: ModelPointer,
+                                                                      Pointer.INDEX: IndexPointer}
+
+
 def pointer_uri(store: str, pointer: Pointer) -> str:
     return join(store, pointer)
 
 
-def read_pointer(store: str, pointer: Pointer) -> tuple[dict[str, Any] | None, str | None]:
-    """The pointer's content and etag, or (None, None) while nothing is promoted."""
+@overload
+def read_pointer(store: str, pointer: Literal[Pointer.MODEL]) -> tuple[ModelPointer | None, str | None]: ...
+@overload
+def read_pointer(store: str, pointer: Literal[Pointer.INDEX]) -> tuple[IndexPointer | None, str | None]: ...
+def read_pointer(store: str, pointer: Pointer) -> tuple[ModelPointer | IndexPointer | None, str | None]:
+    """The pointer and its etag, or (None, None) while nothing is promoted."""
     from tasks.core import storage  # the storage clients load on first I/O: DAG files import the catalog
 
-    value, etag = storage.read_json_versioned(pointer_uri(store, pointer))
-    return value, etag
+    uri = pointer_uri(store, pointer)
+    value, etag = storage.read_json_versioned(uri)
+    if value is None:
+        return None, None
+    try:
+        return _RECORDS[pointer](**value), etag
+    except TypeError as exc:
+        raise PointerError(f"{uri}: not a {pointer} pointer ({exc})") from None
 
 
-def move_pointer(store: str, pointer: Pointer, value: dict[str, Any], seen_etag: str | None) -> None:
-    """Point ``pointer`` at ``value`` by compare-and-swap against the version read as ``seen_etag``;
-    raises :class:`PointerMoved` if it changed since."""
+def move_pointer(store: str, value: ModelPointer | IndexPointer, seen_etag: str | None) -> None:
+    """Point the pointer of ``value``'s kind at it, by compare-and-swap against the version read as
+    ``seen_etag``; raises :class:`PointerMoved` if it changed since."""
     from tasks.core import storage
 
-    uri = pointer_uri(store, pointer)
+    uri = pointer_uri(store, Pointer.MODEL if isinstance(value, ModelPointer) else Pointer.INDEX)
     try:
-        storage.compare_and_swap(uri, json.dumps(value, indent=2).encode(), seen_etag)
+        storage.compare_and_swap(uri, json.dumps(asdict(value), indent=2).encode(), seen_etag)
     except storage.PreconditionFailed:
         raise PointerMoved(f"{uri}: moved by another run since this one read it") from None

@@ -122,6 +122,6 @@ def fetch_exported(store: str, run: str, into: Path) -> Path:
     return into
 
 
-def promoted(store: str) -> tuple[dict | None, str | None]:
+def promoted(store: str) -> tuple[catalog.ModelPointer | None, str | None]:
     """The promoted-model pointer (distill run, scores, validation) and its etag, or (None, None)."""
     return catalog.read_pointer(store, catalog.Pointer.MODEL)

@@ -102,7 +102,7 @@ def _with_model_run(params: BuildIndexParams) -> BuildIndexParams:
     if pointer is None:
         raise IndexBuildError(f"{params.store}: no promoted model ({Pointer.MODEL}); validate one or pass "
                               f"model_run")
-    return params.model_copy(update={"model_run": pointer["model_run"]})
+    return params.model_copy(update={"model_run": pointer.model_run})
 
 
 def _corpus_shards(params: BuildIndexParams) -> list[manifest.Output]:
@@ -208,17 +208,16 @@ def measure(index, vectors: np.ndarray, k: int = 10) -> dict:
             f"recall_at_{k}": round(float(recall), 4)}
 
 
-def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> dict:
+def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> catalog.IndexPointer:
     """Move ``indexes/current.json`` to a published index, by compare-and-swap against ``seen_etag``."""
     index_uri, ids_uri = published.output_named(INDEX_FILE).uri, published.outputs_of(IDS)[0].uri
     for uri in (index_uri, ids_uri):
         if not storage.exists(uri):
             raise IndexBuildError(f"{uri}: missing; the current pointer stays as it was")
-    pointer = {"index": index_uri, "ids": ids_uri,
-               "manifest": catalog.manifest_uri(store, Stage.BUILD_INDEX, published.key),
-               "model_run": published.params["model_run"], "dim": published.stats["dim"], "run_id": published.run_id}
+    pointer = catalog.IndexPointer(index_uri, ids_uri, catalog.manifest_uri(store, Stage.BUILD_INDEX, published.key),
+                                   published.params["model_run"], published.stats["dim"], published.run_id)
     try:
-        catalog.move_pointer(store, Pointer.INDEX, pointer, seen_etag)
+        catalog.move_pointer(store, pointer, seen_etag)
     except catalog.PointerMoved:
         raise PromotionConflict(f"{catalog.pointer_uri(store, Pointer.INDEX)}: moved by another rebuild since this "
                                 f"one started; {index_uri} is published but not promoted") from None
@@ -235,16 +234,16 @@ def search(store: str, query: str, k: int = 5) -> list[dict]:
     where = catalog.pointer_uri(store, Pointer.INDEX)
     if pointer is None:
         raise IndexBuildError(f"{where}: no index promoted yet; run build-index")
-    for uri in (pointer["index"], pointer["ids"]):
+    for uri in (pointer.index, pointer.ids):
         if not storage.exists(uri):
             raise IndexBuildError(f"{where} names {uri}, which does not exist")
-    index = faiss.deserialize_index(np.frombuffer(storage.read_bytes(pointer["index"]), dtype=np.uint8))
-    ids = storage.read_parquet(pointer["ids"])
+    index = faiss.deserialize_index(np.frombuffer(storage.read_bytes(pointer.index), dtype=np.uint8))
+    ids = storage.read_parquet(pointer.ids)
     with tempfile.TemporaryDirectory() as scratch:
-        encoder = SentenceEncoder.load(str(student.fetch_exported(store, pointer["model_run"], Path(scratch))))
+        encoder = SentenceEncoder.load(str(student.fetch_exported(store, pointer.model_run, Path(scratch))))
         vector = encoder.encode([query])
     if vector.shape[1] != index.d:
-        raise IndexBuildError(f"{pointer['index']}: index dimension {index.d} differs from the model's "
+        raise IndexBuildError(f"{pointer.index}: index dimension {index.d} differs from the model's "
                               f"{vector.shape[1]}")
     faiss.normalize_L2(vector)
     scores, rows = index.search(vector, k)

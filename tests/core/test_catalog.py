@@ -3,13 +3,14 @@ compare-and-swap pointers on both stores."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import date
 
 import pytest
 
 from tasks.core import catalog, storage
-from tasks.core.catalog import Pointer, PointerMoved, Stage
+from tasks.core.catalog import IndexPointer, ModelPointer, Pointer, PointerMoved, Stage
 
 STORE = "s3://bucket/root"
 DAY = date(2026, 11, 30)
@@ -105,38 +106,59 @@ def test_run_name_pattern_accepts_safe_names(name):
 
 
 # -- pointers -----------------------------------------------------------------------------------------------
+def _model(run: str, score: float) -> ModelPointer:
+    return ModelPointer(run, {"STS-B test": score}, f"file:///store/manifests/validate/{run}.json")
+
+
+INDEX = IndexPointer("file:///s/indexes/x/i.faiss", "file:///s/indexes/x/ids.parquet", "file:///s/m.json", "x", 8, "r")
+
+
 def test_pointer_is_empty_until_moved(store_root):
     assert catalog.read_pointer(store_root, Pointer.MODEL) == (None, None)
     assert catalog.read_pointer(store_root, Pointer.INDEX) == (None, None)
 
 
 def test_pointer_compare_and_swap(store_root):
-    first = {"run": "a", "n": 1}
-    catalog.move_pointer(store_root, Pointer.MODEL, first, None)
+    first = _model("a", 1.0)
+    catalog.move_pointer(store_root, first, None)
     value, etag = catalog.read_pointer(store_root, Pointer.MODEL)
     assert value == first and etag
-    assert storage.exists(f"{store_root}/models/current.json")
+    assert json.loads(storage.read_bytes(f"{store_root}/models/current.json")) == {
+        "model_run": "a", "scores": {"STS-B test": 1.0}, "validation": "file:///store/manifests/validate/a.json"}
     assert catalog.read_pointer(store_root, Pointer.INDEX) == (None, None)  # the other pointer is apart
 
     with pytest.raises(PointerMoved):  # creating it again: someone else did
-        catalog.move_pointer(store_root, Pointer.MODEL, {"run": "z"}, None)
+        catalog.move_pointer(store_root, _model("z", 0.0), None)
     assert catalog.read_pointer(store_root, Pointer.MODEL) == (first, etag)
 
-    second = {"run": "b", "n": 2}
-    catalog.move_pointer(store_root, Pointer.MODEL, second, etag)
+    second = _model("b", 2.0)
+    catalog.move_pointer(store_root, second, etag)
     value, new_etag = catalog.read_pointer(store_root, Pointer.MODEL)
     assert value == second and new_etag != etag
 
     with pytest.raises(PointerMoved):  # the first etag is stale now
-        catalog.move_pointer(store_root, Pointer.MODEL, {"run": "c", "n": 3}, etag)
+        catalog.move_pointer(store_root, _model("c", 3.0), etag)
     assert catalog.read_pointer(store_root, Pointer.MODEL) == (second, new_etag)
 
-    third = {"run": "c", "n": 3}
-    catalog.move_pointer(store_root, Pointer.MODEL, third, new_etag)
+    third = _model("c", 3.0)
+    catalog.move_pointer(store_root, third, new_etag)
     assert catalog.read_pointer(store_root, Pointer.MODEL)[0] == third
+
+
+def test_the_index_pointer_round_trips(store_root):
+    catalog.move_pointer(store_root, INDEX, None)
+    assert catalog.read_pointer(store_root, Pointer.INDEX)[0] == INDEX
+    assert catalog.read_pointer(store_root, Pointer.MODEL) == (None, None)
 
 
 def test_moving_a_missing_pointer_with_an_etag_fails(store_root):
     with pytest.raises(PointerMoved):
-        catalog.move_pointer(store_root, Pointer.INDEX, {"index": "x"}, '"0123"')
+        catalog.move_pointer(store_root, INDEX, '"0123"')
     assert catalog.read_pointer(store_root, Pointer.INDEX) == (None, None)
+
+
+def test_a_pointer_of_the_wrong_shape_is_named(store_root):
+    uri = catalog.pointer_uri(store_root, Pointer.MODEL)
+    storage.write_bytes(uri, json.dumps({"index": "x"}).encode())
+    with pytest.raises(catalog.PointerError, match=f"{uri}: not a models/current.json pointer"):
+        catalog.read_pointer(store_root, Pointer.MODEL)

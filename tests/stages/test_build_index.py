@@ -6,7 +6,7 @@ import pytest
 
 from tasks import cli
 from tasks.core import catalog, config, contracts, storage
-from tasks.core.catalog import Pointer
+from tasks.core.catalog import IndexPointer, ModelPointer, Pointer
 from tasks.stages import build_index, distill
 from tests.support.projected_store import PCA_NAME, projected_store
 
@@ -75,7 +75,7 @@ def test_concurrent_promotions_have_one_winner(store):
     def promote(result):
         barrier.wait()
         try:
-            outcomes.append(build_index.promote(store, result.manifest, seen)["run_id"])
+            outcomes.append(build_index.promote(store, result.manifest, seen).run_id)
         except build_index.PromotionConflict as exc:
             outcomes.append(exc)
 
@@ -102,12 +102,16 @@ def test_missing_objects_leave_the_pointer_alone(store):
     assert storage.read_bytes(catalog.pointer_uri(store, Pointer.INDEX)) == before
 
 
+def _index_pointer(index_uri: str, ids_uri: str) -> IndexPointer:
+    """A hand-made pointer to the index at ``index_uri`` (encoded by the distill run ``tiny``)."""
+    return IndexPointer(index_uri, ids_uri, "file:///unused/manifest.json", "tiny", 8, "hand-made")
+
+
 def test_a_pointer_naming_a_missing_index_is_a_clear_error(tmp_path, store):
     other = storage.to_uri(str(tmp_path / "other"))
     ids = next(o.uri for o in _build(store, index_type="flat", name="gone", promote=False).outputs
                if o.contract == "index_ids")
-    storage.write_bytes(catalog.pointer_uri(other, Pointer.INDEX), json.dumps(
-        {"ids": ids, "model_run": "tiny", "index": f"{other}/indexes/gone/index.faiss"}).encode())
+    catalog.move_pointer(other, _index_pointer(f"{other}/indexes/gone/index.faiss", ids), None)
     with pytest.raises(build_index.IndexBuildError, match="gone/index.faiss, which does not exist"):
         build_index.search(other, "anything")
     with pytest.raises(build_index.IndexBuildError, match="no index promoted yet"):
@@ -130,7 +134,7 @@ def test_bad_settings_write_nothing(store):
 def test_the_promoted_student_is_the_default(store, tmp_path):
     with pytest.raises(build_index.IndexBuildError, match="no promoted model"):
         build_index.run(config.parse(build_index.BuildIndexParams, {"store": store, "promote": False}))
-    storage.write_bytes(f"{store}/models/current.json", json.dumps({"model_run": "tiny"}).encode())
+    catalog.move_pointer(store, ModelPointer("tiny", {}, f"{store}/manifests/validate/tiny.json"), None)
     result = build_index.run(config.parse(build_index.BuildIndexParams,
                                           {"store": store, "promote": False, "name": "from-promoted"}))
     assert result.manifest.params["model_run"] == "tiny"
@@ -144,12 +148,10 @@ def test_an_index_of_another_dimension_is_refused(store, tmp_path):
     other = storage.to_uri(str(tmp_path / "other"))
     ids = next(o.uri for o in _build(store, index_type="flat", name="dim", promote=False).outputs
                if o.contract == "index_ids")
-    pointer = {"ids": ids, "model_run": "tiny"}
     wrong = faiss.IndexFlatIP(5)
     wrong.add(np.eye(5, dtype=np.float32))
     storage.write_bytes(f"{other}/indexes/wrong/index.faiss", faiss.serialize_index(wrong).tobytes())
-    storage.write_bytes(catalog.pointer_uri(other, Pointer.INDEX), json.dumps(
-        {**pointer, "index": f"{other}/indexes/wrong/index.faiss"}).encode())
+    catalog.move_pointer(other, _index_pointer(f"{other}/indexes/wrong/index.faiss", ids), None)
     distill_manifest = storage.read_bytes(f"{store}/manifests/distill/tiny.json")
     storage.write_bytes(f"{other}/manifests/distill/tiny.json", distill_manifest)
     with pytest.raises(build_index.IndexBuildError, match="index dimension 5 differs from the model's 8"):

@@ -7,8 +7,6 @@ run, the same-size baseline. A passing model moves ``models/current.json`` by co
 
 from __future__ import annotations
 
-from typing import Any
-
 from tasks.core import catalog
 from tasks.core.catalog import Pointer
 from tasks.stages.params import ValidateParams
@@ -18,10 +16,10 @@ GATED = ("STS-B test", "SICK-R test")
 BASELINE = "baseline (base model + PCA)"
 
 
-def reference(promoted: dict[str, Any] | None, sts_table: dict[str, dict[str, float]]) -> tuple[str, dict]:
+def reference(promoted: catalog.ModelPointer | None, sts_table: dict[str, dict[str, float]]) -> tuple[str, dict]:
     """(name, scores) of what the student is compared with: the promoted model, else the baseline."""
     if promoted:
-        return "promoted model " + promoted["model_run"], promoted["scores"]
+        return "promoted model " + promoted.model_run, promoted.scores
     return "baseline", sts_table[BASELINE]
 
 
@@ -41,8 +39,7 @@ def decide(scores: dict, reference_scores: dict, reference_name: str, params: Va
 def promote_model(store: str, model_run: str, scores: dict, manifest_uri: str, etag: str | None) -> None:
     """Point ``models/current.json`` at ``model_run``, unless another promotion happened since ``etag``."""
     try:
-        catalog.move_pointer(store, Pointer.MODEL, {"model_run": model_run, "scores": scores,
-                                                    "validation": manifest_uri}, etag)
+        catalog.move_pointer(store, catalog.ModelPointer(model_run, scores, manifest_uri), etag)
     except catalog.PointerMoved:
         raise ValidationError(f"{catalog.pointer_uri(store, Pointer.MODEL)}: another promotion happened since this "
                               f"validation started; {model_run} was not promoted") from None
