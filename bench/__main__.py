@@ -21,8 +21,11 @@ def main(names: list[str]) -> None:
     for name in names or available:
         print(f"== bench/{name}", flush=True)
         result = importlib.import_module(f"bench.{name}").main()
-        print(f"   ours {result['ours']:.4g} {result['unit']}, {result['baseline']['name']} "
-              f"{result['baseline']['value']:.4g}: ratio {result['ratio']}", flush=True)
+        print(
+            f"   ours {result['ours']:.4g} {result['unit']}, {result['baseline']['name']} "
+            f"{result['baseline']['value']:.4g}: ratio {result['ratio']}",
+            flush=True,
+        )
     results.update_readme()
 
 

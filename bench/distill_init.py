@@ -28,16 +28,23 @@ def main() -> dict:
     measured: dict[str, dict] = {}
     for layers in (None, 3):
         for init in INITS:
-            params = config.parse(distill.DistillParams, {"store": store, "init": init, "student_layers": layers,
-                                                          "threads": distill_quality.THREADS})
+            params = config.parse(
+                distill.DistillParams,
+                {"store": store, "init": init, "student_layers": layers, "threads": distill_quality.THREADS},
+            )
             trainer = distill.Trainer(params, data, "cpu", distill.Distributed(), f"init-probe-{init}")
             trainer.restore_or_initialise(force=True)
             measured[f"MiniLM-L{layers or 6} {init}"] = trainer.state.evals[0]
     ridge, random_head = measured["MiniLM-L6 ridge"], measured["MiniLM-L6 random"]
-    return results.write("distill_init", unit="validation cosine at step 0", ours=round(ridge["val_cosine"], 4),
-                         baseline=round(random_head["val_cosine"], 4), baseline_name="random head (HPD's init)",
-                         higher_is_better=True, details={"student": "all-MiniLM-L6-v2", "by_init": measured,
-                                                         "val_rows": len(data.val_texts)})
+    return results.write(
+        "distill_init",
+        unit="validation cosine at step 0",
+        ours=round(ridge["val_cosine"], 4),
+        baseline=round(random_head["val_cosine"], 4),
+        baseline_name="random head (HPD's init)",
+        higher_is_better=True,
+        details={"student": "all-MiniLM-L6-v2", "by_init": measured, "val_rows": len(data.val_texts)},
+    )
 
 
 if __name__ == "__main__":

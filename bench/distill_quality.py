@@ -28,19 +28,29 @@ DAY = date(2026, 1, 1)
 SENTENCES = int(os.environ.get("HPD_BENCH_SENTENCES", 16_000))
 EPOCHS = int(os.environ.get("HPD_BENCH_EPOCHS", 2))
 THREADS = len(os.sched_getaffinity(0))
-STUDENTS = {"MiniLM-L6": {"student_layers": None, "init": "ridge"},
-            "MiniLM-L3": {"student_layers": 3, "init": "ridge"},
-            "MiniLM-L3 (random head)": {"student_layers": 3, "init": "random"}}
+STUDENTS = {
+    "MiniLM-L6": {"student_layers": None, "init": "ridge"},
+    "MiniLM-L3": {"student_layers": 3, "init": "ridge"},
+    "MiniLM-L3 (random head)": {"student_layers": 3, "init": "random"},
+}
 
 
 def prepare() -> dict:
     timings = {}
     steps = [
-        ("stage", stage_corpus.run, stage_corpus.StageCorpusParams,
-         {"source": str(ROOT / "data" / "corpus" / "sentences.tsv.gz"), "column": "sentence", "limit": SENTENCES}),
+        (
+            "stage",
+            stage_corpus.run,
+            stage_corpus.StageCorpusParams,
+            {"source": str(ROOT / "data" / "corpus" / "sentences.tsv.gz"), "column": "sentence", "limit": SENTENCES},
+        ),
         ("augment", augment.run, augment.AugmentParams, {"methods": ["wordnet"], "fraction": 0.25}),
-        ("encode_teacher", encode_teacher.run, encode_teacher.EncodeTeacherParams,
-         {"dtype": "bf16", "threads": THREADS}),
+        (
+            "encode_teacher",
+            encode_teacher.run,
+            encode_teacher.EncodeTeacherParams,
+            {"dtype": "bf16", "threads": THREADS},
+        ),
     ]
     for name, run, model, values in steps:
         start = time.perf_counter()
@@ -53,9 +63,19 @@ def prepare() -> dict:
 
 
 def _train(name: str, overrides: dict) -> tuple[manifest.StageResult, float]:
-    values = {"store": STORE, "batch_size": 64, "lr": 1e-4, "epochs": EPOCHS, "warmup_ratio": 0.05,
-              "amp": "bf16", "threads": THREADS, "eval_every": 100, "checkpoint_every": 100,
-              "name": name.replace(" ", "").replace("(", "-").replace(")", ""), **overrides}
+    values = {
+        "store": STORE,
+        "batch_size": 64,
+        "lr": 1e-4,
+        "epochs": EPOCHS,
+        "warmup_ratio": 0.05,
+        "amp": "bf16",
+        "threads": THREADS,
+        "eval_every": 100,
+        "checkpoint_every": 100,
+        "name": name.replace(" ", "").replace("(", "-").replace(")", ""),
+        **overrides,
+    }
     start = time.perf_counter()
     result = distill.run(config.parse(distill.DistillParams, values), progress=True)
     return result, time.perf_counter() - start
@@ -82,8 +102,11 @@ def main() -> dict:
     torch.set_num_threads(THREADS)
     started = time.perf_counter()
     timings = prepare()
-    train_texts = [t for uri in sentences.shards(STORE, DAY, (Stage.STAGE_CORPUS,))
-                   for t in storage.read_parquet(uri, columns=["text"]).column("text").to_pylist()][:8000]
+    train_texts = [
+        t
+        for uri in sentences.shards(STORE, DAY, (Stage.STAGE_CORPUS,))
+        for t in storage.read_parquet(uri, columns=["text"]).column("text").to_pylist()
+    ][:8000]
     table: dict[str, dict] = {}
     teacher = SentenceEncoder.load(models.DEFAULT_TEACHER)
     projection = load_projection(STORE, models.DEFAULT_TEACHER, "k128-uncentered")
@@ -102,14 +125,28 @@ def main() -> dict:
             table[f"baseline {name.split()[0]} (384-d)"] = _scores(lambda t, m=base: m.encode(t, batch_size=64))
             table[f"baseline {name.split()[0]} + PCA-128"] = _scores(_pca_baseline(base, train_texts))
     l3, l3_base = table["student MiniLM-L3 (128-d)"]["STS-B test"], table["baseline MiniLM-L3 + PCA-128"]["STS-B test"]
-    details = {"sentences": SENTENCES, "epochs": EPOCHS, "threads": THREADS, "table": table, "runs": runs,
-               "prepare_seconds": timings, "total_minutes": round((time.perf_counter() - started) / 60, 1),
-               "gap_L3_vs_baseline_stsb": round(l3 - l3_base, 2),
-               "gap_L6_vs_baseline_stsb": round(table["student MiniLM-L6 (128-d)"]["STS-B test"]
-                                                - table["baseline MiniLM-L6 + PCA-128"]["STS-B test"], 2)}
-    return results.write("distill_quality", unit="STS-B Spearman x100", ours=l3, baseline=l3_base,
-                         baseline_name="MiniLM-L3 without distillation + PCA-128", higher_is_better=True,
-                         details=details)
+    details = {
+        "sentences": SENTENCES,
+        "epochs": EPOCHS,
+        "threads": THREADS,
+        "table": table,
+        "runs": runs,
+        "prepare_seconds": timings,
+        "total_minutes": round((time.perf_counter() - started) / 60, 1),
+        "gap_L3_vs_baseline_stsb": round(l3 - l3_base, 2),
+        "gap_L6_vs_baseline_stsb": round(
+            table["student MiniLM-L6 (128-d)"]["STS-B test"] - table["baseline MiniLM-L6 + PCA-128"]["STS-B test"], 2
+        ),
+    }
+    return results.write(
+        "distill_quality",
+        unit="STS-B Spearman x100",
+        ours=l3,
+        baseline=l3_base,
+        baseline_name="MiniLM-L3 without distillation + PCA-128",
+        higher_is_better=True,
+        details=details,
+    )
 
 
 if __name__ == "__main__":

@@ -56,19 +56,33 @@ def main() -> dict:
         _, neighbours[name] = index.search(x[queries_at], 11)
         measured[name] = {"dim": int(x.shape[1]), "bytes": len(faiss.serialize_index(index)), **speed}
     # The query itself is its own nearest neighbour in both: compare the next 10.
-    recall = float(np.mean([len(set(s[1:]) & set(t[1:])) / 10
-                            for s, t in zip(neighbours["student"], neighbours["teacher"], strict=True)]))
+    recall = float(
+        np.mean(
+            [
+                len(set(s[1:]) & set(t[1:])) / 10
+                for s, t in zip(neighbours["student"], neighbours["teacher"], strict=True)
+            ]
+        )
+    )
     student_m, teacher_m = measured["student"], measured["teacher"]
     return results.write(
-        "index", unit="queries/s (batch 64, flat)", ours=student_m["queries_per_s_batch64"],
-        baseline=teacher_m["queries_per_s_batch64"], baseline_name="teacher 768-d flat index",
+        "index",
+        unit="queries/s (batch 64, flat)",
+        ours=student_m["queries_per_s_batch64"],
+        baseline=teacher_m["queries_per_s_batch64"],
+        baseline_name="teacher 768-d flat index",
         higher_is_better=True,
-        details={"rows": len(texts), "by_index": measured,
-                 "bytes_ratio": round(teacher_m["bytes"] / student_m["bytes"], 2),
-                 "qps_ratio_batch1": round(student_m["queries_per_s_batch1"] / teacher_m["queries_per_s_batch1"], 2),
-                 "qps_ratio_batch64": round(student_m["queries_per_s_batch64"] / teacher_m["queries_per_s_batch64"], 2),
-                 "recall_at_10_student_vs_teacher_exact": round(recall, 4), "queries_for_recall": QUERIES,
-                 "paper_1024_to_128": {"memory": 8.0, "speed": 8.2}})
+        details={
+            "rows": len(texts),
+            "by_index": measured,
+            "bytes_ratio": round(teacher_m["bytes"] / student_m["bytes"], 2),
+            "qps_ratio_batch1": round(student_m["queries_per_s_batch1"] / teacher_m["queries_per_s_batch1"], 2),
+            "qps_ratio_batch64": round(student_m["queries_per_s_batch64"] / teacher_m["queries_per_s_batch64"], 2),
+            "recall_at_10_student_vs_teacher_exact": round(recall, 4),
+            "queries_for_recall": QUERIES,
+            "paper_1024_to_128": {"memory": 8.0, "speed": 8.2},
+        },
+    )
 
 
 if __name__ == "__main__":

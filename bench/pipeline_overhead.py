@@ -39,14 +39,24 @@ def main() -> dict:
     dag_wall = round(sum(v for k, v in walls.items() if k.startswith("hpd_")), 2)
     compute = round(sum(s["seconds"] for s in stages.values()), 2)
     return results.write(
-        "pipeline_overhead", unit="s", ours=dag_wall, baseline_name="sum of the stages' own compute time",
-        baseline=compute, higher_is_better=False,
-        details={"sample_rows": plan.rows, "epochs": plan.epochs, "dag_wall_seconds": walls, "stages": stages,
-                 "overhead_seconds": round(dag_wall - compute, 2),
-                 "overhead_percent": round(100 * (dag_wall - compute) / dag_wall, 1),
-                 "rerun_all_skipped_wall_seconds": rerun,
-                 "note": "ours: wall time of `airflow dags test` of the four DAGs in turn (no executor; "
-                         "SQLite), excluding the one-off `airflow db migrate`; ratio = compute / wall"})
+        "pipeline_overhead",
+        unit="s",
+        ours=dag_wall,
+        baseline_name="sum of the stages' own compute time",
+        baseline=compute,
+        higher_is_better=False,
+        details={
+            "sample_rows": plan.rows,
+            "epochs": plan.epochs,
+            "dag_wall_seconds": walls,
+            "stages": stages,
+            "overhead_seconds": round(dag_wall - compute, 2),
+            "overhead_percent": round(100 * (dag_wall - compute) / dag_wall, 1),
+            "rerun_all_skipped_wall_seconds": rerun,
+            "note": "ours: wall time of `airflow dags test` of the four DAGs in turn (no executor; "
+            "SQLite), excluding the one-off `airflow db migrate`; ratio = compute / wall",
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -24,15 +24,22 @@ def machine() -> dict:
     return {"cores": len(os.sched_getaffinity(0)), "cpu_model": model, "python": platform.python_version()}
 
 
-def write(name: str, *, unit: str, ours: float, baseline_name: str, baseline: float, higher_is_better: bool,
-          details: dict) -> dict:
+def write(
+    name: str, *, unit: str, ours: float, baseline_name: str, baseline: float, higher_is_better: bool, details: dict
+) -> dict:
     """Write ``bench/results/<name>.json``; ``ratio`` is ours/baseline (or baseline/ours when lower wins),
     so a ratio above 1 always means we are ahead."""
     ratio = ours / baseline if higher_is_better else baseline / ours
-    result = {"benchmark": name, "unit": unit, "ours": ours,
-              "baseline": {"name": baseline_name, "value": baseline},
-              "ratio": round(ratio, 3), "higher_is_better": higher_is_better, "machine": machine(),
-              "details": details}
+    result = {
+        "benchmark": name,
+        "unit": unit,
+        "ours": ours,
+        "baseline": {"name": baseline_name, "value": baseline},
+        "ratio": round(ratio, 3),
+        "higher_is_better": higher_is_better,
+        "machine": machine(),
+        "details": details,
+    }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
@@ -47,9 +54,11 @@ def table() -> str:
     rows = ["| benchmark | ours | baseline | ratio (>1: ours ahead) | machine |", "|---|---|---|---|---|"]
     for path in sorted(RESULTS.glob("*.json")):
         r = json.loads(path.read_text())
-        rows.append(f"| `{r['benchmark']}` | {_number(r['ours'])} {r['unit']} | {r['baseline']['name']}: "
-                    f"{_number(r['baseline']['value'])} {r['unit']} | {r['ratio']:.2f}× | "
-                    f"{r['machine']['cores']} cores, {r['machine']['cpu_model']} |")
+        rows.append(
+            f"| `{r['benchmark']}` | {_number(r['ours'])} {r['unit']} | {r['baseline']['name']}: "
+            f"{_number(r['baseline']['value'])} {r['unit']} | {r['ratio']:.2f}× | "
+            f"{r['machine']['cores']} cores, {r['machine']['cpu_model']} |"
+        )
     return "\n".join(rows)
 
 

@@ -31,8 +31,9 @@ def _student(model_dir: str, k: int, max_seq_length: int) -> SentenceTransformer
     return SentenceTransformer(modules=[tr, pool, dense], device="cpu")
 
 
-def _with_trainer(model: SentenceTransformer, loss: nn.Module, texts: list[str], targets: np.ndarray,
-                  batch_size: int, steps: int) -> tuple[float, str]:
+def _with_trainer(
+    model: SentenceTransformer, loss: nn.Module, texts: list[str], targets: np.ndarray, batch_size: int, steps: int
+) -> tuple[float, str]:
     from datasets import Dataset
     from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
     from transformers import TrainerCallback
@@ -47,16 +48,27 @@ def _with_trainer(model: SentenceTransformer, loss: nn.Module, texts: list[str],
     ds = Dataset.from_dict({"sentence": texts, "label": targets.tolist()})
     with tempfile.TemporaryDirectory(prefix="st_baseline_") as out:
         args = SentenceTransformerTrainingArguments(
-            output_dir=out, max_steps=WARMUP + steps, per_device_train_batch_size=batch_size, learning_rate=LR,
-            lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.01, max_grad_norm=1.0,
-            eval_strategy="no", save_strategy="no", logging_strategy="no", report_to="none",
-            disable_tqdm=True, use_cpu=True, seed=SEED, data_seed=SEED, dataloader_num_workers=0,
+            output_dir=out,
+            max_steps=WARMUP + steps,
+            per_device_train_batch_size=batch_size,
+            learning_rate=LR,
+            lr_scheduler_type="constant",
+            warmup_steps=0,
+            weight_decay=0.01,
+            max_grad_norm=1.0,
+            eval_strategy="no",
+            save_strategy="no",
+            logging_strategy="no",
+            report_to="none",
+            disable_tqdm=True,
+            use_cpu=True,
+            seed=SEED,
+            data_seed=SEED,
+            dataloader_num_workers=0,
         )
-        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=ds, loss=loss,
-                                             callbacks=[_Clock()])
+        trainer = SentenceTransformerTrainer(model=model, args=args, train_dataset=ds, loss=loss, callbacks=[_Clock()])
         trainer.train()
     return marks[WARMUP + steps] - marks[WARMUP], "SentenceTransformerTrainer + SentenceTransformerTrainingArguments"
-
 
 
 def measure(model_dir: str, texts: list[str], targets: np.ndarray, batch_size: int, threads: int, steps: int) -> dict:
@@ -71,5 +83,10 @@ def measure(model_dir: str, texts: list[str], targets: np.ndarray, batch_size: i
     last: list[float] = []
     loss.register_forward_hook(lambda _m, _i, out: last.append(float(out.detach())))
     seconds, how = _with_trainer(model, loss, texts, targets, batch_size, steps)
-    return {"sentences_per_s": steps * batch_size / seconds, "seconds": seconds, "steps": steps,
-            "final_loss": last[-1], "how": how}
+    return {
+        "sentences_per_s": steps * batch_size / seconds,
+        "seconds": seconds,
+        "steps": steps,
+        "final_loss": last[-1],
+        "how": how,
+    }

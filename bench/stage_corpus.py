@@ -23,9 +23,15 @@ REPEATS = 3
 
 
 def _ours(workdir: Path, attempt: int) -> int:
-    params = config.parse(StageCorpusParams, {"source": str(CORPUS), "column": "sentence",
-                                              "ingest_date": date(2026, 1, 1),
-                                              "store": storage.to_uri(str(workdir / f"ours-{attempt}"))})
+    params = config.parse(
+        StageCorpusParams,
+        {
+            "source": str(CORPUS),
+            "column": "sentence",
+            "ingest_date": date(2026, 1, 1),
+            "store": storage.to_uri(str(workdir / f"ours-{attempt}")),
+        },
+    )
     return run(params).stats["rows_read"]
 
 
@@ -52,11 +58,20 @@ def main() -> dict:
         ours, our_times = _best_rate(_ours, Path(tmp))
         baseline, baseline_times = _best_rate(_pandas, Path(tmp))
     return results.write(
-        "stage_corpus", unit="sentences/s", ours=round(ours), baseline_name="pandas read_csv+normalise+"
-        "drop_duplicates+to_parquet", baseline=round(baseline), higher_is_better=True,
-        details={"corpus": str(CORPUS.relative_to(REPO)), "repeats": REPEATS,
-                 "ours_seconds": our_times, "baseline_seconds": baseline_times,
-                 "note": "ours also hashes ids, checks the data contract, shards and writes a manifest"})
+        "stage_corpus",
+        unit="sentences/s",
+        ours=round(ours),
+        baseline_name="pandas read_csv+normalise+drop_duplicates+to_parquet",
+        baseline=round(baseline),
+        higher_is_better=True,
+        details={
+            "corpus": str(CORPUS.relative_to(REPO)),
+            "repeats": REPEATS,
+            "ours_seconds": our_times,
+            "baseline_seconds": baseline_times,
+            "note": "ours also hashes ids, checks the data contract, shards and writes a manifest",
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ def hpd_index():
         from tasks.orchestration import runtime
 
         p = context["params"]
-        values = {"index_type": p["index_type"], "sq8": p["sq8"]}  # named after the promoted model run
+        values = runtime.pick(p, "index_type", "sq8")  # named after the promoted model run
         return runtime.run_stage(Stage.BUILD_INDEX, runtime.stage_params(Stage.BUILD_INDEX, values, p)).stats
 
     build_and_promote()

@@ -34,13 +34,18 @@ from tasks.stages.params import AugmentParams, EncodeTeacherParams, StageCorpusP
         "limit": stage_param(StageCorpusParams, "limit"),
         "store": STORE_PARAM,
         "augment_methods": stage_param(AugmentParams, "methods"),
-        "augment_fraction": stage_param(AugmentParams, "fraction", 0.25,
-                                        "a daily run augments a quarter of the new sentences"),
+        "augment_fraction": stage_param(
+            AugmentParams, "fraction", 0.25, "a daily run augments a quarter of the new sentences"
+        ),
         "translate_forward": stage_param(AugmentParams, "translate_forward"),
         "translate_backward": stage_param(AugmentParams, "translate_backward"),
         "teacher": stage_param(EncodeTeacherParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT),
-        "dtype": stage_param(EncodeTeacherParams, "dtype", "bf16",
-                             "bf16 autocast is the fast path on the workers' AVX-512 BF16 CPUs and on GPUs"),
+        "dtype": stage_param(
+            EncodeTeacherParams,
+            "dtype",
+            "bf16",
+            "bf16 autocast is the fast path on the workers' AVX-512 BF16 CPUs and on GPUs",
+        ),
         "shard_groups": Param(2, type="integer", minimum=1, description="mapped encode tasks"),
     },
 )
@@ -51,7 +56,7 @@ def hpd_ingest():
         from tasks.orchestration import runtime
 
         p, day = context["params"], runtime.partition_date(context)
-        values = {"source": p["source"], "column": p["column"], "limit": p["limit"], "ingest_date": day}
+        values = {**runtime.pick(p, "source", "column", "limit"), "ingest_date": day}
         runtime.run_stage(Stage.STAGE_CORPUS, runtime.stage_params(Stage.STAGE_CORPUS, values, p))
         return day.isoformat()
 
@@ -61,8 +66,8 @@ def hpd_ingest():
         from tasks.orchestration import runtime
 
         p = context["params"]
-        values = {"ingest_date": day, "methods": p["augment_methods"], "fraction": p["augment_fraction"],
-                  "translate_forward": p["translate_forward"], "translate_backward": p["translate_backward"]}
+        values = {"ingest_date": day, "methods": p["augment_methods"], "fraction": p["augment_fraction"]}
+        values.update(runtime.pick(p, "translate_forward", "translate_backward"))
         runtime.run_stage(Stage.AUGMENT, runtime.stage_params(Stage.AUGMENT, values, p))
         return day
 
@@ -78,7 +83,7 @@ def hpd_ingest():
         from tasks.orchestration import runtime
 
         p = context["params"]
-        values = {"ingest_date": day, "teacher": p["teacher"], "dtype": p["dtype"], "shards": shards}
+        values = {**runtime.pick(p, "teacher", "dtype"), "ingest_date": day, "shards": shards}
         return runtime.run_stage(Stage.ENCODE_TEACHER, runtime.stage_params(Stage.ENCODE_TEACHER, values, p)).stats
 
     day = augment(stage())

@@ -37,7 +37,7 @@ def hpd_quality_report():
         from tasks.orchestration import runtime
 
         p = context["params"]
-        values = {"ingest_date": runtime.partition_date(context), "teacher": p["teacher"], "pca_name": p["pca_name"]}
+        values = {**runtime.pick(p, "teacher", "pca_name"), "ingest_date": runtime.partition_date(context)}
         return runtime.run_stage(Stage.QUALITY, runtime.stage_params(Stage.QUALITY, values, p)).stats
 
     check_partition()

@@ -56,8 +56,13 @@ from tasks.stages.params import DistillParams, FitPCAParams, ValidateParams
         "min_stsb": stage_param(ValidateParams, "min_stsb"),
         "min_sickr": stage_param(ValidateParams, "min_sickr"),
         "max_regression": stage_param(ValidateParams, "max_regression"),
-        "name": stage_param(DistillParams, "name", None, "empty: the Airflow run id names the model run; a rerun "
-                                                         "with the same name and params skips the finished stages"),
+        "name": stage_param(
+            DistillParams,
+            "name",
+            None,
+            "empty: the Airflow run id names the model run; a rerun "
+            "with the same name and params skips the finished stages",
+        ),
     },
 )
 def hpd_retrain():
@@ -67,8 +72,7 @@ def hpd_retrain():
         from tasks.orchestration import runtime
 
         p = context["params"]
-        values = {"teacher": p["teacher"], "partitions": p["partitions"], "k": p["k"], "mode": p["mode"],
-                  "max_rows": p["max_rows"]}
+        values = runtime.pick(p, "teacher", "partitions", "k", "mode", "max_rows")
         params = runtime.stage_params(Stage.FIT_PCA, values, p)
         runtime.run_stage(Stage.FIT_PCA, params)
         return params.name
@@ -79,10 +83,10 @@ def hpd_retrain():
         from tasks.orchestration import runtime
 
         p = context["params"]
-        values = {"teacher": p["teacher"], "pca_name": pca_name, "partitions": p["partitions"],
-                  "student": p["student"], "student_layers": p["student_layers"], "epochs": p["epochs"],
-                  "max_steps": p["max_steps"], "batch_size": p["batch_size"], "lr": p["lr"], "amp": p["amp"],
-                  "name": p["name"] or runtime.run_name(context)}
+        values = runtime.pick(
+            p, "teacher", "partitions", "student", "student_layers", "epochs", "max_steps", "batch_size", "lr", "amp"
+        )
+        values.update(pca_name=pca_name, name=p["name"] or runtime.run_name(context))
         params = runtime.stage_params(Stage.DISTILL, values, p)
         runtime.run_stage(Stage.DISTILL, params)
         return params.name
@@ -93,8 +97,7 @@ def hpd_retrain():
         from tasks.orchestration import runtime
 
         p = context["params"]
-        values = {"model_run": model_run, "min_stsb": p["min_stsb"], "min_sickr": p["min_sickr"],
-                  "max_regression": p["max_regression"]}
+        values = {"model_run": model_run, **runtime.pick(p, "min_stsb", "min_sickr", "max_regression")}
         result = runtime.run_stage(Stage.VALIDATE, runtime.stage_params(Stage.VALIDATE, values, p))
         return result.stats["gate"]["passed"]
 

@@ -38,8 +38,14 @@ HELP = {
     Stage.BUILD_INDEX: "encode the corpus with a distilled student, build a FAISS index and promote it",
     Stage.DISTILL: "train the student on the projected targets (torchrun for several processes) and export it",
 }
-DEMO_DEFAULTS = {"airflow_home": "var/airflow", "rows": 2000, "date": date(2026, 11, 30), "dags_folder": "dags",
-                 "source": "data/corpus/sentences.tsv.gz", "query": "A man is playing a guitar."}
+DEMO_DEFAULTS = {
+    "airflow_home": "var/airflow",
+    "rows": 2000,
+    "date": date(2026, 11, 30),
+    "dags_folder": "dags",
+    "source": "data/corpus/sentences.tsv.gz",
+    "query": "A man is playing a guitar.",
+}
 
 
 def command_name(stage: Stage) -> str:
@@ -71,14 +77,22 @@ def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel]) 
     for name, field in model.model_fields.items():
         flag = "--" + name.replace("_", "-")
         if field.annotation is bool:
-            parser.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=_help(field))
+            parser.add_argument(
+                flag, dest=name, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=_help(field)
+            )
             continue
         many = any(typing.get_origin(option) is list for option in _options(field.annotation))
         choices = _choices(field.annotation)
-        parser.add_argument(flag, dest=name, required=field.is_required(), default=argparse.SUPPRESS,
-                            nargs="+" if many else None, choices=choices, metavar=None if choices else name.upper(),
-                            help=_help(field))
+        parser.add_argument(
+            flag,
+            dest=name,
+            required=field.is_required(),
+            default=argparse.SUPPRESS,
+            nargs="+" if many else None,
+            choices=choices,
+            metavar=None if choices else name.upper(),
+            help=_help(field),
+        )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,8 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
         _add_model_options(stage_parser, model)
         stage_parser.add_argument("--force", action="store_true", help="rerun even if a matching manifest exists")
         stage_parser.add_argument("--quiet", action="store_true", help="no progress bars")
-    search = sub.add_parser("search", help="nearest corpus sentences from the current index",
-                            description="nearest corpus sentences from the current index")
+    search = sub.add_parser(
+        "search",
+        help="nearest corpus sentences from the current index",
+        description="nearest corpus sentences from the current index",
+    )
     search.add_argument("query")
     search.add_argument("-k", type=int, default=5, help="how many results (default: 5)")
     search.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
@@ -99,10 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_demo_parser(sub: Any) -> None:
-    demo = sub.add_parser("demo", help="run the DAG chain with `airflow dags test` on a corpus sample",
-                          description="run hpd_ingest, hpd_retrain, hpd_index and hpd_quality_report with "
-                                      "`airflow dags test` (SQLite metadata), then print where the outputs are",
-                          formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    demo = sub.add_parser(
+        "demo",
+        help="run the DAG chain with `airflow dags test` on a corpus sample",
+        description="run hpd_ingest, hpd_retrain, hpd_index and hpd_quality_report with "
+        "`airflow dags test` (SQLite metadata), then print where the outputs are",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
     demo.set_defaults(**DEMO_DEFAULTS)
     demo.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
     demo.add_argument("--airflow-home", help="AIRFLOW_HOME of the demo's Airflow")
@@ -123,9 +143,14 @@ def _demo(args: dict) -> int:
     from tasks.stages import build_index
 
     store = _store(args)
-    plan = demo.DemoPlan(store=store, airflow_home=Path(args["airflow_home"]).resolve(),
-                         dags_folder=Path(args["dags_folder"]).resolve(), source=Path(args["source"]).resolve(),
-                         day=args["date"], rows=args["rows"])
+    plan = demo.DemoPlan(
+        store=store,
+        airflow_home=Path(args["airflow_home"]).resolve(),
+        dags_folder=Path(args["dags_folder"]).resolve(),
+        source=Path(args["source"]).resolve(),
+        day=args["date"],
+        rows=args["rows"],
+    )
     start = time.perf_counter()
     try:
         demo.run_chain(plan)
@@ -168,8 +193,12 @@ def _run_stage(stage: Stage, args: dict) -> int:
     except (ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
-    summary = {"manifest": result.manifest_uri, "skipped": result.skipped, "stats": result.stats,
-               "outputs": len(result.outputs)}
+    summary = {
+        "manifest": result.manifest_uri,
+        "skipped": result.skipped,
+        "stats": result.stats,
+        "outputs": len(result.outputs),
+    }
     print(json.dumps(summary, indent=2))
     return 0
 

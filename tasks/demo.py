@@ -53,12 +53,26 @@ class DemoPlan:
         models = {key: value for key, value in (("teacher", self.teacher), ("student", self.student)) if value}
         teacher = {"teacher": self.teacher} if self.teacher else {}
         confs = {
-            "hpd_ingest": {"store": self.store, "source": str(self.source), "limit": self.rows, **teacher,
-                           "augment_methods": ["wordnet", "swap"], "augment_fraction": 0.5,
-                           "dtype": self.teacher_dtype},
-            "hpd_retrain": {"store": self.store, "partitions": [self.day.isoformat()], **models, "k": self.k,
-                            "max_rows": None, "epochs": self.epochs, "batch_size": 64, "amp": self.amp,
-                            "name": self.model_name},
+            "hpd_ingest": {
+                "store": self.store,
+                "source": str(self.source),
+                "limit": self.rows,
+                **teacher,
+                "augment_methods": ["wordnet", "swap"],
+                "augment_fraction": 0.5,
+                "dtype": self.teacher_dtype,
+            },
+            "hpd_retrain": {
+                "store": self.store,
+                "partitions": [self.day.isoformat()],
+                **models,
+                "k": self.k,
+                "max_rows": None,
+                "epochs": self.epochs,
+                "batch_size": 64,
+                "amp": self.amp,
+                "name": self.model_name,
+            },
             "hpd_index": {"store": self.store},
             "hpd_quality_report": {"store": self.store, **teacher, "pca_name": f"k{self.k}-uncentered"},
         }
@@ -67,9 +81,15 @@ class DemoPlan:
 
 def airflow_env(plan: DemoPlan) -> dict[str, str]:
     """A standalone Airflow for the demo: its own home and SQLite database, the repo's DAG folder."""
-    return {**os.environ, "AIRFLOW_HOME": str(plan.airflow_home), "AIRFLOW__CORE__DAGS_FOLDER": str(plan.dags_folder),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "HPD_STORE": plan.store, "HF_HUB_OFFLINE": "1",
-            "TRANSFORMERS_OFFLINE": "1"}
+    return {
+        **os.environ,
+        "AIRFLOW_HOME": str(plan.airflow_home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(plan.dags_folder),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "HPD_STORE": plan.store,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
 
 
 def _airflow(args: list[str], env: dict[str, str]) -> None:
@@ -111,5 +131,9 @@ def locations(store: str) -> dict[str, str]:
     index, _ = catalog.read_pointer(store, Pointer.INDEX)
     if validated is None or index is None:
         raise DemoError(f"{store}: the promoted model {run!r} has no validation manifest or no index was promoted")
-    return {"model run": run, "model (sentence-transformers folder)": student.exported_prefix(store, run),
-            "validation report": validated.output_named("report.html").uri, "index": index.index}
+    return {
+        "model run": run,
+        "model (sentence-transformers folder)": student.exported_prefix(store, run),
+        "validation report": validated.output_named("report.html").uri,
+        "index": index.index,
+    }

@@ -55,8 +55,12 @@ def _imported(path: Path) -> set[str]:
 @pytest.mark.parametrize("wing", sorted(ALLOWED))
 def test_imports_flow_one_way(wing):
     allowed = ALLOWED[wing]
-    wrong = [f"{_module(path)} imports {name}" for path in _sources(wing.replace(".", "/"))
-             for name in sorted(_imported(path)) if not name.startswith(allowed)]
+    wrong = [
+        f"{_module(path)} imports {name}"
+        for path in _sources(wing.replace(".", "/"))
+        for name in sorted(_imported(path))
+        if not name.startswith(allowed)
+    ]
     assert wrong == []
 
 

@@ -12,8 +12,16 @@ from tasks.stages.params import PARAMS
 def test_stage_corpus_runs_then_skips(tmp_path, capsys):
     source = tmp_path / "raw.txt"
     source.write_text("one\ntwo\n")
-    argv = ["stage-corpus", "--source", str(source), "--ingest-date", "2026-11-30", "--store",
-            str(tmp_path / "store"), "--quiet"]
+    argv = [
+        "stage-corpus",
+        "--source",
+        str(source),
+        "--ingest-date",
+        "2026-11-30",
+        "--store",
+        str(tmp_path / "store"),
+        "--quiet",
+    ]
     assert cli.main(argv) == 0
     first = json.loads(capsys.readouterr().out)
     assert first["skipped"] is False and first["stats"]["rows_written"] == 2
@@ -34,8 +42,7 @@ def test_bad_input_exits_1_naming_it(tmp_path, capsys):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"\xff\xfe")
     store = tmp_path / "store"
-    assert cli.main(["stage-corpus", "--source", str(bad), "--ingest-date", "2026-11-30",
-                     "--store", str(store)]) == 1
+    assert cli.main(["stage-corpus", "--source", str(bad), "--ingest-date", "2026-11-30", "--store", str(store)]) == 1
     assert f"file://{bad}: not valid UTF-8" in capsys.readouterr().err
     assert not store.exists() or storage.list_uris(storage.to_uri(str(store))) == []
 

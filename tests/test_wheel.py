@@ -45,8 +45,21 @@ def wheel(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("wheel")
     source = root / "src"
     shutil.copytree(REPO, source, ignore=_NOT_SOURCE)
-    _run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
-          "-w", str(root / "dist"), str(source)])
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(root / "dist"),
+            str(source),
+        ]
+    )
     [built] = (root / "dist").glob("hpd_pipeline-*.whl")
     return built
 
@@ -62,10 +75,25 @@ def fresh_env(wheel, tmp_path_factory) -> dict[str, Path]:
     python = venv / "bin" / "python"
     # Installed before the .pth exists, so pip sees an empty environment: it can neither find the editable
     # hpd-pipeline of the main venv "already satisfied" nor uninstall it.
-    _run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index",
-          "--ignore-installed", "-q", str(wheel)], cwd=root)
-    site = Path(_run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                     cwd=root).stdout.strip())
+    _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--ignore-installed",
+            "-q",
+            str(wheel),
+        ],
+        cwd=root,
+    )
+    site = Path(
+        _run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=root).stdout.strip()
+    )
     (site / "main_venv_packages.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     return {"root": root, "venv": venv, "python": python, "site": site, "hpd": venv / "bin" / "hpd"}
 
@@ -73,6 +101,8 @@ def fresh_env(wheel, tmp_path_factory) -> dict[str, Path]:
 def _outside_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
     env["HF_HUB_OFFLINE"] = "1"
+    # validate has no threads option; torch's default (one thread a core) crawls on a busy 2-core runner
+    env["OMP_NUM_THREADS"] = "1"
     return env
 
 
@@ -83,12 +113,13 @@ def test_wheel_ships_the_package_data(wheel):
 
 
 def test_fresh_env_imports_the_installed_wheel_not_the_checkout(fresh_env):
-    probe = ("import json, sys, tasks, schemas, torch; from tasks.ml import sts; "
-             "print(json.dumps({'tasks': tasks.__file__, 'schemas': schemas.__file__, 'torch': torch.__file__, "
-             "'sts': str(sts.sts_file('stsbenchmark', 'sts-test.csv')), "
-             "'finders': [type(f).__name__ for f in sys.meta_path]}))")
-    where = json.loads(_run([str(fresh_env["python"]), "-c", probe], cwd=fresh_env["root"],
-                            env=_outside_env()).stdout)
+    probe = (
+        "import json, sys, tasks, schemas, torch; from tasks.ml import sts; "
+        "print(json.dumps({'tasks': tasks.__file__, 'schemas': schemas.__file__, 'torch': torch.__file__, "
+        "'sts': str(sts.sts_file('stsbenchmark', 'sts-test.csv')), "
+        "'finders': [type(f).__name__ for f in sys.meta_path]}))"
+    )
+    where = json.loads(_run([str(fresh_env["python"]), "-c", probe], cwd=fresh_env["root"], env=_outside_env()).stdout)
     site = fresh_env["site"].resolve()
     for name in ("tasks", "schemas", "sts"):
         assert Path(where[name]).resolve().is_relative_to(site), (name, where[name])
@@ -100,18 +131,46 @@ def test_fresh_env_imports_the_installed_wheel_not_the_checkout(fresh_env):
 def distilled_store(tmp_path_factory) -> str:
     """A tiny store (tiny teacher and student) with one short distill run, 'wheel'."""
     prepared = projected_store(tmp_path_factory.mktemp("store"), corpus_lines(200), DAY, shard_rows=100)
-    distill.run(config.parse(distill.DistillParams, {
-        "store": prepared["store"], "teacher": prepared["teacher"], "student": prepared["student"],
-        "pca_name": PCA_NAME, "max_steps": 5, "batch_size": 16, "lr": 1e-3, "val_fraction": 0.1,
-        "name": "wheel", "threads": 1}))
+    distill.run(
+        config.parse(
+            distill.DistillParams,
+            {
+                "store": prepared["store"],
+                "teacher": prepared["teacher"],
+                "student": prepared["student"],
+                "pca_name": PCA_NAME,
+                "max_steps": 5,
+                "batch_size": 16,
+                "lr": 1e-3,
+                "val_fraction": 0.1,
+                "name": "wheel",
+                "threads": 1,
+            },
+        )
+    )
     return prepared["store"]
 
 
 def test_installed_hpd_validates_outside_the_checkout(fresh_env, distilled_store):
-    done = _run([str(fresh_env["hpd"]), "validate", "--store", distilled_store, "--model-run", "wheel",
-                 "--retrieval-sample", "100", "--max-regression", "100", "--quiet"],
-                cwd=fresh_env["root"], env=_outside_env(), timeout=300)
-    summary = json.loads(done.stdout[done.stdout.index("{"):])
+    done = _run(
+        [
+            str(fresh_env["hpd"]),
+            "validate",
+            "--store",
+            distilled_store,
+            "--model-run",
+            "wheel",
+            "--retrieval-sample",
+            "100",
+            "--max-regression",
+            "100",
+            "--quiet",
+        ],
+        cwd=fresh_env["root"],
+        env=_outside_env(),
+        timeout=300,
+    )
+    summary = json.loads(done.stdout[done.stdout.index("{") :])
     assert summary["skipped"] is False and summary["outputs"] == 2
     student = summary["stats"]["sts"]["student"]
     assert set(student) == {"STS-B test", "SICK-R test"}

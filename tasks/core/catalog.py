@@ -157,8 +157,7 @@ def index_prefix(store: str, name: str, fingerprint: str) -> str:
 
 
 def quality_results_uri(store: str, ingest_date: date, fingerprint: str) -> str:
-    return join(store, "quality", partition_key(ingest_date), fingerprint[:_FINGERPRINT_CHARS],
-                        "results.json")
+    return join(store, "quality", partition_key(ingest_date), fingerprint[:_FINGERPRINT_CHARS], "results.json")
 
 
 # -- pointers -----------------------------------------------------------------------------------------------
@@ -190,8 +189,10 @@ class IndexPointer:
     run_id: str
 
 
-_RECORDS: dict[Pointer, type[ModelPointer] | type[IndexPointer]] = {Pointer.MODEL: ModelPointer,
-                                                                      Pointer.INDEX: IndexPointer}
+_RECORDS: dict[Pointer, type[ModelPointer] | type[IndexPointer]] = {
+    Pointer.MODEL: ModelPointer,
+    Pointer.INDEX: IndexPointer,
+}
 
 
 def pointer_uri(store: str, pointer: Pointer) -> str:

@@ -30,8 +30,7 @@ class StageParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    store: str = Field(default_factory=default_store,
-                       description="root URI of the object store (file:// or s3://)")
+    store: str = Field(default_factory=default_store, description="root URI of the object store (file:// or s3://)")
 
     @field_validator("store")
     @classmethod

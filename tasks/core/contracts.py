@@ -54,8 +54,9 @@ class Contract:
     def embedding_field(self) -> Field | None:
         return next((f for f in self.fields if f.type == "embedding"), None)
 
-    def arrow_schema(self, dim: int | None = None, model_id: str | None = None,
-                     value_type: str = "float32") -> pa.Schema:
+    def arrow_schema(
+        self, dim: int | None = None, model_id: str | None = None, value_type: str = "float32"
+    ) -> pa.Schema:
         """The concrete Arrow schema; embedding datasets need ``dim`` and ``model_id``."""
         metadata = {META_CONTRACT: self.name.encode(), META_VERSION: str(self.version).encode()}
         arrow_fields = []
@@ -64,8 +65,9 @@ class Contract:
                 if dim is None or dim < 1 or not model_id:
                     raise ContractError(f"{self.name}: an embedding dataset needs dim >= 1 and a model_id")
                 if value_type not in field.value_types:
-                    raise ContractError(f"{self.name}.{field.name}: value type {value_type!r} not in "
-                                        f"{list(field.value_types)}")
+                    raise ContractError(
+                        f"{self.name}.{field.name}: value type {value_type!r} not in {list(field.value_types)}"
+                    )
                 arrow_type = pa.list_(_SCALAR_TYPES[value_type], dim)
                 metadata[META_DIM] = str(dim).encode()
                 metadata[META_MODEL] = model_id.encode()
@@ -74,8 +76,9 @@ class Contract:
             arrow_fields.append(pa.field(field.name, arrow_type, nullable=field.nullable))
         return pa.schema(arrow_fields, metadata=metadata)
 
-    def conform(self, table: pa.Table, dim: int | None = None, model_id: str | None = None,
-                value_type: str = "float32") -> pa.Table:
+    def conform(
+        self, table: pa.Table, dim: int | None = None, model_id: str | None = None, value_type: str = "float32"
+    ) -> pa.Table:
         """Check ``table`` against this contract and return it with the contract's schema and metadata.
 
         Refuses missing, extra or mistyped columns, nulls in non-nullable columns and non-finite
@@ -92,11 +95,13 @@ class Contract:
         for field in schema:
             column = table.column(field.name)
             if not column.type.equals(field.type):
-                raise ContractError(f"{self.name}.{field.name}: type {column.type} does not match "
-                                    f"the contract's {field.type}")
+                raise ContractError(
+                    f"{self.name}.{field.name}: type {column.type} does not match the contract's {field.type}"
+                )
             if not field.nullable and column.null_count:
-                raise ContractError(f"{self.name}.{field.name}: {column.null_count} null value(s) "
-                                    f"in a non-nullable column")
+                raise ContractError(
+                    f"{self.name}.{field.name}: {column.null_count} null value(s) in a non-nullable column"
+                )
             if pa.types.is_fixed_size_list(field.type):
                 _check_finite(self.name, field.name, column)
             columns.append(column)
@@ -111,8 +116,9 @@ def _check_finite(contract: str, column_name: str, column: pa.ChunkedArray) -> N
         bad = ~np.isfinite(values)
         if bad.any():
             first_row = int(np.flatnonzero(bad)[0]) // chunk.type.list_size
-            raise ContractError(f"{contract}.{column_name}: {int(bad.sum())} NaN or infinite value(s), "
-                                f"first in row {first_row}")
+            raise ContractError(
+                f"{contract}.{column_name}: {int(bad.sum())} NaN or infinite value(s), first in row {first_row}"
+            )
 
 
 @cache
@@ -122,9 +128,7 @@ def load(name: str) -> Contract:
     if not path.is_file():
         raise ContractError(f"no data contract named {name!r}")
     spec = json.loads(path.read_text())
-    fields = tuple(
-        Field(f["name"], f["type"], f["nullable"], tuple(f.get("value_types", ()))) for f in spec["fields"]
-    )
+    fields = tuple(Field(f["name"], f["type"], f["nullable"], tuple(f.get("value_types", ()))) for f in spec["fields"])
     for field in fields:
         if field.type != "embedding" and field.type not in _SCALAR_TYPES:
             raise ContractError(f"contract {name}: unknown type {field.type!r} for {field.name}")

@@ -38,8 +38,15 @@ def parquet_bytes(table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
-def write_shard(prefix: str, stem: str, table: pa.Table, contract_name: str, dim: int | None = None,
-                model_id: str | None = None, value_type: str = "float32") -> Shard:
+def write_shard(
+    prefix: str,
+    stem: str,
+    table: pa.Table,
+    contract_name: str,
+    dim: int | None = None,
+    model_id: str | None = None,
+    value_type: str = "float32",
+) -> Shard:
     """Check ``table`` against its contract, then publish it as ``<prefix>/<stem>-<sha8>.parquet``."""
     contract = contracts.load(contract_name)
     checked = contract.conform(table, dim=dim, model_id=model_id, value_type=value_type)

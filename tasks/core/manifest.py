@@ -33,11 +33,21 @@ from tasks.core import catalog, storage
 from tasks.core.catalog import Stage
 
 MANIFEST_VERSION = 1
-KEY_PACKAGES = ("hpd-pipeline", "apache-airflow", "torch", "transformers", "sentence-transformers",
-                "pyarrow", "polars", "numpy", "faiss-cpu", "boto3", "great-expectations")
+KEY_PACKAGES = (
+    "hpd-pipeline",
+    "apache-airflow",
+    "torch",
+    "transformers",
+    "sentence-transformers",
+    "pyarrow",
+    "polars",
+    "numpy",
+    "faiss-cpu",
+    "boto3",
+    "great-expectations",
+)
 # Whole words only: "aws_secret_access_key" and "session_token" are secrets, "max_tokens" is not.
-_SECRET_KEY = re.compile(r"(^|_)(secret|password|passwd|token|credentials?|access_key|api_key)(_id)?$",
-                         re.IGNORECASE)
+_SECRET_KEY = re.compile(r"(^|_)(secret|password|passwd|token|credentials?|access_key|api_key)(_id)?$", re.IGNORECASE)
 _URI_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", re.IGNORECASE)
 
 
@@ -93,9 +103,17 @@ class Manifest:
     @classmethod
     def from_dict(cls, document: dict[str, Any], uri: str = "<manifest>") -> Self:
         try:
-            return cls(document["stage"], document["key"], document["run_id"], document["fingerprint"],
-                       tuple(Input(**i) for i in document["inputs"]), tuple(Output(**o) for o in document["outputs"]),
-                       document["params"], document["stats"], document)
+            return cls(
+                document["stage"],
+                document["key"],
+                document["run_id"],
+                document["fingerprint"],
+                tuple(Input(**i) for i in document["inputs"]),
+                tuple(Output(**o) for o in document["outputs"]),
+                document["params"],
+                document["stats"],
+                document,
+            )
         except (KeyError, TypeError) as exc:
             raise ManifestError(f"{uri}: not a manifest ({type(exc).__name__}: {exc})") from None
 
@@ -148,9 +166,9 @@ def redact(value: Any) -> Any:
 
 def fingerprint(stage: str, key: str, inputs: list[Input], params: dict[str, Any]) -> str:
     canonical = json.dumps(
-        {"stage": stage, "key": key, "inputs": sorted((i.uri, i.sha256) for i in inputs),
-         "params": params},
-        sort_keys=True, default=str,
+        {"stage": stage, "key": key, "inputs": sorted((i.uri, i.sha256) for i in inputs), "params": params},
+        sort_keys=True,
+        default=str,
     )
     return sha256_hex(canonical.encode())
 
@@ -173,8 +191,14 @@ def validate(manifest: dict[str, Any]) -> None:
 def code_version() -> str:
     """The git commit of the checkout the code runs from, else the package version."""
     try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
-                             text=True, timeout=5, check=True).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
         if sha:
             return f"git:{sha}"
     except (OSError, subprocess.SubprocessError):
@@ -267,28 +291,31 @@ class StageRun:
 
     def add_shard(self, shard: Any) -> None:
         """Record a published :class:`tasks.core.datasets.Shard`."""
-        self.outputs.append(Output(shard.uri, shard.sha256, shard.rows, shard.bytes, shard.contract,
-                                   shard.schema_version))
+        self.outputs.append(
+            Output(shard.uri, shard.sha256, shard.rows, shard.bytes, shard.contract, shard.schema_version)
+        )
 
     def build(self) -> dict[str, Any]:
         self.timings_s["total"] = round(time.perf_counter() - self._clock, 4)
-        document: dict[str, Any] = redact({
-            "manifest_version": MANIFEST_VERSION,
-            "stage": str(self.stage),
-            "run_id": self.run_id,
-            "key": self.key,
-            "fingerprint": self.fingerprint,
-            "inputs": [i.to_dict() for i in self.inputs],
-            "outputs": [asdict(o) for o in self.outputs],
-            "params": self.params,
-            "stats": self.stats,
-            "code_version": code_version(),
-            "packages": package_versions(),
-            "started_at": self.started_at,
-            "ended_at": _now(),
-            "timings_s": self.timings_s,
-            "host": socket.gethostname(),
-        })
+        document: dict[str, Any] = redact(
+            {
+                "manifest_version": MANIFEST_VERSION,
+                "stage": str(self.stage),
+                "run_id": self.run_id,
+                "key": self.key,
+                "fingerprint": self.fingerprint,
+                "inputs": [i.to_dict() for i in self.inputs],
+                "outputs": [asdict(o) for o in self.outputs],
+                "params": self.params,
+                "stats": self.stats,
+                "code_version": code_version(),
+                "packages": package_versions(),
+                "started_at": self.started_at,
+                "ended_at": _now(),
+                "timings_s": self.timings_s,
+                "host": socket.gethostname(),
+            }
+        )
         validate(document)
         return document
 
@@ -307,8 +334,10 @@ class StageRun:
         except storage.PreconditionFailed:
             document = json.loads(storage.read_bytes(self.uri))
             if document.get("fingerprint") != self.fingerprint:
-                raise ManifestError(f"{self.uri}: a concurrent {self.stage} run published a manifest for "
-                                    f"different inputs or params; rerun to reconcile") from None
+                raise ManifestError(
+                    f"{self.uri}: a concurrent {self.stage} run published a manifest for "
+                    f"different inputs or params; rerun to reconcile"
+                ) from None
         return StageResult.of(Manifest.from_dict(document, self.uri), self.uri, skipped=False)
 
 
@@ -327,5 +356,8 @@ def read(store: str, stage: Stage, key: str) -> Manifest | None:
 def list_keys(store: str, stage: Stage, under: str = "") -> list[str]:
     """Keys of every manifest published for ``stage`` (optionally under a key prefix), sorted."""
     root = catalog.manifests_prefix(store, stage)
-    return sorted(uri[len(root) + 1:].removesuffix(".json")
-                  for uri in storage.list_uris(catalog.manifests_prefix(store, stage, under)) if uri.endswith(".json"))
+    return sorted(
+        uri[len(root) + 1 :].removesuffix(".json")
+        for uri in storage.list_uris(catalog.manifests_prefix(store, stage, under))
+        if uri.endswith(".json")
+    )

@@ -38,8 +38,13 @@ def hashed_below(sentence_ids: list[str], fraction: float, salt: str) -> np.ndar
     if fraction >= 1.0:
         return np.ones(len(sentence_ids), dtype=bool)
     scale = float(1 << 64)
-    return np.array([int.from_bytes(hashlib.blake2b(f"{salt}:{sid}".encode(), digest_size=8).digest(), "big")
-                     / scale < fraction for sid in sentence_ids], dtype=bool)
+    return np.array(
+        [
+            int.from_bytes(hashlib.blake2b(f"{salt}:{sid}".encode(), digest_size=8).digest(), "big") / scale < fraction
+            for sid in sentence_ids
+        ],
+        dtype=bool,
+    )
 
 
 def table(rows: dict[str, list[Any]], ingest_date: date) -> pa.Table:
@@ -57,16 +62,18 @@ def table(rows: dict[str, list[Any]], ingest_date: date) -> pa.Table:
     return contracts.load(DATASET).conform(pa.table(columns))
 
 
-def publish_partition(stage_run: manifest.StageRun, ingest_date: date, table: pa.Table,
-                      shard_rows: int) -> manifest.StageResult:
+def publish_partition(
+    stage_run: manifest.StageRun, ingest_date: date, table: pa.Table, shard_rows: int
+) -> manifest.StageResult:
     """Write ``table`` as content-addressed shards of the run's stage, publish the run's manifest, then
     delete the shards of the manifest it replaces that it no longer lists."""
     previous_outputs = stage_run.previous_outputs()
     prefix = catalog.sentences_prefix(stage_run.store, stage_run.stage, ingest_date)
     with stage_run.phase("write_shards"):
         for index, start in enumerate(range(0, table.num_rows, shard_rows)):
-            stage_run.add_shard(datasets.write_shard(prefix, f"part-{index:05d}", table.slice(start, shard_rows),
-                                                     DATASET))
+            stage_run.add_shard(
+                datasets.write_shard(prefix, f"part-{index:05d}", table.slice(start, shard_rows), DATASET)
+            )
     published = stage_run.publish()
     for stale in previous_outputs - {o.uri for o in published.outputs}:
         storage.delete(stale)
@@ -78,8 +85,9 @@ def staged_days(store: str) -> list[date]:
     return [catalog.partition_date(key) for key in manifest.list_keys(store, Stage.STAGE_CORPUS)]
 
 
-def published(store: str, ingest_date: date,
-              stages: tuple[Stage, ...] = catalog.SENTENCE_WRITERS) -> list[manifest.Output]:
+def published(
+    store: str, ingest_date: date, stages: tuple[Stage, ...] = catalog.SENTENCE_WRITERS
+) -> list[manifest.Output]:
     """A partition's published shards as the writing stages' manifests record them."""
     key = catalog.partition_key(ingest_date)
     found = (manifest.read(store, stage, key) for stage in stages)

@@ -355,9 +355,7 @@ class _S3:
         try:
             done, size = [], 0
             for number, body in enumerate(parts, start=1):
-                resp = client.upload_part(
-                    Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body
-                )
+                resp = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)
                 done.append({"PartNumber": number, "ETag": resp["ETag"]})
                 size += len(body)
             resp = client.complete_multipart_upload(

@@ -39,8 +39,11 @@ class Pooling:
     @classmethod
     def from_folder(cls, folder: Path) -> Pooling:
         config = json.loads((folder / "config.json").read_text())
-        for mode, key in (("cls", "pooling_mode_cls_token"), ("max", "pooling_mode_max_tokens"),
-                          ("mean", "pooling_mode_mean_tokens")):
+        for mode, key in (
+            ("cls", "pooling_mode_cls_token"),
+            ("max", "pooling_mode_max_tokens"),
+            ("mean", "pooling_mode_mean_tokens"),
+        ):
             if config.get(key):
                 return cls(mode)
         raise models.ModelError(f"{folder}: unsupported pooling config {config}")
@@ -58,8 +61,13 @@ class Pooling:
 class Dense(torch.nn.Module):
     """sentence-transformers' Dense module: linear layer + activation."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 activation: str = "torch.nn.modules.activation.Tanh") -> None:
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        activation: str = "torch.nn.modules.activation.Tanh",
+    ) -> None:
         super().__init__()
         if activation not in _ACTIVATIONS:
             raise models.ModelError(f"unsupported Dense activation {activation!r}")
@@ -72,11 +80,14 @@ class Dense(torch.nn.Module):
     @classmethod
     def from_folder(cls, folder: Path) -> Dense:
         config = json.loads((folder / "config.json").read_text())
-        dense = cls(config["in_features"], config["out_features"], config.get("bias", True),
-                    config.get("activation_function", "torch.nn.modules.activation.Tanh"))
+        dense = cls(
+            config["in_features"],
+            config["out_features"],
+            config.get("bias", True),
+            config.get("activation_function", "torch.nn.modules.activation.Tanh"),
+        )
         weights = folder / "model.safetensors"
-        state = load_file(weights) if weights.is_file() else torch.load(folder / "pytorch_model.bin",
-                                                                       weights_only=True)
+        state = load_file(weights) if weights.is_file() else torch.load(folder / "pytorch_model.bin", weights_only=True)
         dense.load_state_dict(state)
         return dense
 
@@ -105,8 +116,16 @@ class SentenceEncoder(torch.nn.Module):
     A ``torch.nn.Module``: the distillation stage trains it (and wraps it in DDP) as it is.
     """
 
-    def __init__(self, model_id: str, tokenizer, transformer: torch.nn.Module, pooling: Pooling,
-                 dense: Dense | None, normalize: bool, max_seq_length: int) -> None:
+    def __init__(
+        self,
+        model_id: str,
+        tokenizer,
+        transformer: torch.nn.Module,
+        pooling: Pooling,
+        dense: Dense | None,
+        normalize: bool,
+        max_seq_length: int,
+    ) -> None:
         super().__init__()
         self.model_id, self.tokenizer, self.pooling = model_id, tokenizer, pooling
         self.transformer, self.dense = transformer, dense
@@ -123,8 +142,7 @@ class SentenceEncoder(torch.nn.Module):
         modules = _modules(folder)
         transformer_dir = folder / modules.get("Transformer", "")
         bert_config = transformer_dir / "sentence_bert_config.json"
-        configured_len = json.loads(bert_config.read_text()).get("max_seq_length") if bert_config.is_file() \
-            else None
+        configured_len = json.loads(bert_config.read_text()).get("max_seq_length") if bert_config.is_file() else None
         tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
         transformer = _load_transformer(transformer_dir)
         pooling = Pooling.from_folder(folder / modules["Pooling"]) if "Pooling" in modules else Pooling()
@@ -140,37 +158,62 @@ class SentenceEncoder(torch.nn.Module):
         folder.mkdir(parents=True, exist_ok=True)
         self.transformer.save_pretrained(folder, safe_serialization=True)
         self.tokenizer.save_pretrained(folder)
-        (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": self.max_seq_length,
-                                                                      "do_lower_case": False}))
+        (folder / "sentence_bert_config.json").write_text(
+            json.dumps({"max_seq_length": self.max_seq_length, "do_lower_case": False})
+        )
         hidden = self.transformer.config.hidden_size
-        modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+        modules = [
+            {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+            {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        ]
         (folder / "1_Pooling").mkdir(exist_ok=True)
-        (folder / "1_Pooling" / "config.json").write_text(json.dumps({
-            "word_embedding_dimension": hidden, "pooling_mode_cls_token": self.pooling.mode == "cls",
-            "pooling_mode_mean_tokens": self.pooling.mode == "mean",
-            "pooling_mode_max_tokens": self.pooling.mode == "max"}))
+        (folder / "1_Pooling" / "config.json").write_text(
+            json.dumps(
+                {
+                    "word_embedding_dimension": hidden,
+                    "pooling_mode_cls_token": self.pooling.mode == "cls",
+                    "pooling_mode_mean_tokens": self.pooling.mode == "mean",
+                    "pooling_mode_max_tokens": self.pooling.mode == "max",
+                }
+            )
+        )
         if self.dense is not None:
             dense_dir = folder / "2_Dense"
             dense_dir.mkdir(exist_ok=True)
             linear = self.dense.linear
-            (dense_dir / "config.json").write_text(json.dumps({
-                "in_features": linear.in_features, "out_features": linear.out_features,
-                "bias": linear.bias is not None, "activation_function": self.dense.activation_name}))
-            save_file({k: v.detach().cpu().contiguous() for k, v in self.dense.state_dict().items()},
-                      dense_dir / "model.safetensors")
+            (dense_dir / "config.json").write_text(
+                json.dumps(
+                    {
+                        "in_features": linear.in_features,
+                        "out_features": linear.out_features,
+                        "bias": linear.bias is not None,
+                        "activation_function": self.dense.activation_name,
+                    }
+                )
+            )
+            save_file(
+                {k: v.detach().cpu().contiguous() for k, v in self.dense.state_dict().items()},
+                dense_dir / "model.safetensors",
+            )
             modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
         if self.normalize:
-            modules.append({"idx": len(modules), "name": str(len(modules)), "path": f"{len(modules)}_Normalize",
-                            "type": "sentence_transformers.models.Normalize"})
+            modules.append(
+                {
+                    "idx": len(modules),
+                    "name": str(len(modules)),
+                    "path": f"{len(modules)}_Normalize",
+                    "type": "sentence_transformers.models.Normalize",
+                }
+            )
         (folder / "modules.json").write_text(json.dumps(modules, indent=2))
 
     @property
     def dim(self) -> int:
         return self.dense.linear.out_features if self.dense else self.transformer.config.hidden_size
 
-    def encode(self, texts: list[str], batch_size: int = 64, dtype: Dtype = "fp32",
-               progress: bool = False) -> np.ndarray:
+    def encode(
+        self, texts: list[str], batch_size: int = 64, dtype: Dtype = "fp32", progress: bool = False
+    ) -> np.ndarray:
         """Embeddings of ``texts`` (float32, input order)."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         bar = tqdm(total=len(texts), unit=" sent", disable=not progress, desc=f"encode {self.model_id}")
@@ -183,8 +226,7 @@ class SentenceEncoder(torch.nn.Module):
 
     def forward(self, batch: dict[str, torch.Tensor], dtype: Dtype = "fp32") -> torch.Tensor:
         """Pooled (and projected, normalised) embeddings of one tokenised batch; differentiable."""
-        autocast = torch.autocast(self.device.type, dtype=_AUTOCAST.get(dtype, torch.float32),
-                                  enabled=dtype != "fp32")
+        autocast = torch.autocast(self.device.type, dtype=_AUTOCAST.get(dtype, torch.float32), enabled=dtype != "fp32")
         with autocast:
             hidden = self.transformer(**batch).last_hidden_state
         embeddings = self.pooling(hidden, batch["attention_mask"])
@@ -195,20 +237,27 @@ class SentenceEncoder(torch.nn.Module):
         return embeddings
 
     def tokenize(self, texts: list[str]) -> dict[str, torch.Tensor]:
-        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_seq_length,
-                               return_tensors="pt")
+        batch = self.tokenizer(
+            texts, padding=True, truncation=True, max_length=self.max_seq_length, return_tensors="pt"
+        )
         return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask")}
 
     def _batches(self, texts: list[str], batch_size: int) -> Iterator[tuple[np.ndarray, dict]]:
         """Batches of similar token length (longest first), so padding is minimal."""
-        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length,
-                                 return_attention_mask=False)["input_ids"]
+        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length, return_attention_mask=False)[
+            "input_ids"
+        ]
         order = np.argsort([-len(ids) for ids in encoded], kind="stable")
         for start in range(0, len(order), batch_size):
-            positions = order[start:start + batch_size]
+            positions = order[start : start + batch_size]
             padded = self.tokenizer.pad({"input_ids": [encoded[i] for i in positions]}, return_tensors="pt")
-            yield positions, {"input_ids": padded["input_ids"].to(self.device),
-                              "attention_mask": padded["attention_mask"].to(self.device)}
+            yield (
+                positions,
+                {
+                    "input_ids": padded["input_ids"].to(self.device),
+                    "attention_mask": padded["attention_mask"].to(self.device),
+                },
+            )
 
 
 def _modules(folder: Path) -> dict[str, str]:

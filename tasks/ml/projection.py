@@ -37,9 +37,12 @@ class Projection:
     def to_safetensors(self) -> bytes:
         from safetensors.numpy import save
 
-        tensors = {"components": self.components.astype(np.float32), "mean": self.mean.astype(np.float32),
-                   "explained_variance": self.explained_variance.astype(np.float64),
-                   "explained_variance_ratio": self.explained_variance_ratio.astype(np.float64)}
+        tensors = {
+            "components": self.components.astype(np.float32),
+            "mean": self.mean.astype(np.float32),
+            "explained_variance": self.explained_variance.astype(np.float64),
+            "explained_variance_ratio": self.explained_variance_ratio.astype(np.float64),
+        }
         return save(tensors, metadata={"mode": self.mode, "rows": str(self.rows)})
 
     @classmethod
@@ -49,11 +52,17 @@ class Projection:
         try:
             tensors = load(body)
             header_size = int.from_bytes(body[:8], "little")  # safetensors: u64 size, then a JSON header
-            meta = json.loads(body[8:8 + header_size]).get("__metadata__", {})
+            meta = json.loads(body[8 : 8 + header_size]).get("__metadata__", {})
         except Exception as exc:
             raise PCAError(f"{uri}: not a PCA artifact ({exc})") from None
-        return cls(tensors["components"], tensors["mean"], tensors["explained_variance"],
-                   tensors["explained_variance_ratio"], meta.get("mode", "uncentered"), int(meta.get("rows", 0)))
+        return cls(
+            tensors["components"],
+            tensors["mean"],
+            tensors["explained_variance"],
+            tensors["explained_variance_ratio"],
+            meta.get("mode", "uncentered"),
+            int(meta.get("rows", 0)),
+        )
 
 
 class MomentAccumulator:
@@ -90,8 +99,14 @@ class MomentAccumulator:
         signs = np.sign(components[np.arange(k), np.abs(components).argmax(axis=1)])
         components *= signs[:, None]
         variance = np.clip(eigenvalues[order], 0.0, None)
-        return Projection(components, shifted_mean + self.shift, variance,
-                          variance / max(float(np.trace(covariance)), 1e-30), mode, self.rows)
+        return Projection(
+            components,
+            shifted_mean + self.shift,
+            variance,
+            variance / max(float(np.trace(covariance)), 1e-30),
+            mode,
+            self.rows,
+        )
 
 
 def load_projection(store: str, teacher: str, name: str) -> Projection:

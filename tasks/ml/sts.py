@@ -47,8 +47,12 @@ def sick_r_test() -> PairSet:
     path = sts_file("sick", "SICK_test_annotated.txt")
     with path.open(encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
-    return PairSet("SICK-R test", [r["sentence_A"] for r in rows], [r["sentence_B"] for r in rows],
-                   np.array([float(r["relatedness_score"]) for r in rows]))
+    return PairSet(
+        "SICK-R test",
+        [r["sentence_A"] for r in rows],
+        [r["sentence_B"] for r in rows],
+        np.array([float(r["relatedness_score"]) for r in rows]),
+    )
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -28,8 +28,15 @@ class StudentError(ValueError):
     """A student that cannot be built as configured."""
 
 
-def build(spec: str, k: int, activation: Activation = "tanh", layers: int | None = None,
-          max_seq_length: int | None = None, dropout: float | None = None, device: str = "cpu") -> SentenceEncoder:
+def build(
+    spec: str,
+    k: int,
+    activation: Activation = "tanh",
+    layers: int | None = None,
+    max_seq_length: int | None = None,
+    dropout: float | None = None,
+    device: str = "cpu",
+) -> SentenceEncoder:
     """Load the student encoder, keep its first ``layers`` transformer layers, add the Dense head."""
     encoder = SentenceEncoder.load(spec, device=device, max_seq_length=max_seq_length)
     if layers is not None:
@@ -70,8 +77,14 @@ def pooled_embeddings(encoder: SentenceEncoder, texts: list[str], batch_size: in
         encoder.dense, encoder.normalize = head, normalize
 
 
-def initialise_head(encoder: SentenceEncoder, init: Init, texts: list[str], targets: np.ndarray,
-                    activation: Activation, ridge_alpha: float = 1.0) -> dict:
+def initialise_head(
+    encoder: SentenceEncoder,
+    init: Init,
+    texts: list[str],
+    targets: np.ndarray,
+    activation: Activation,
+    ridge_alpha: float = 1.0,
+) -> dict:
     """Set the Dense head's weights; returns a record of what was done (for the manifest)."""
     if init == "random":
         return {"init": "random"}
@@ -116,7 +129,7 @@ def fetch_exported(store: str, run: str, into: Path) -> Path:
     published, folder = _published_model(store, run)
     prefix = folder + "/"
     for uri in (o.uri for o in published.outputs if o.uri.startswith(prefix)):
-        path = into / uri[len(prefix):]
+        path = into / uri[len(prefix) :]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(storage.read_bytes(uri))
     return into

@@ -34,12 +34,19 @@ class Translator:
         order = np.argsort([-len(t) for t in texts], kind="stable")
         with torch.inference_mode():
             for start in range(0, len(order), self.batch_size):
-                positions = order[start:start + self.batch_size]
-                batch = self.tokenizer([texts[i] for i in positions], padding=True, truncation=True,
-                                       max_length=self.max_tokens, return_tensors="pt")
-                generated = self.model.generate(**batch, num_beams=self.beams, do_sample=False,
-                                                max_new_tokens=self.max_tokens)
-                for i, text in zip(positions, self.tokenizer.batch_decode(generated, skip_special_tokens=True),
-                                   strict=True):
+                positions = order[start : start + self.batch_size]
+                batch = self.tokenizer(
+                    [texts[i] for i in positions],
+                    padding=True,
+                    truncation=True,
+                    max_length=self.max_tokens,
+                    return_tensors="pt",
+                )
+                generated = self.model.generate(
+                    **batch, num_beams=self.beams, do_sample=False, max_new_tokens=self.max_tokens
+                )
+                for i, text in zip(
+                    positions, self.tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True
+                ):
                     out[i] = text
         return out

@@ -15,18 +15,75 @@ from functools import cache
 from pathlib import Path
 
 DEBIAN_WORDNET = Path("/usr/share/wordnet")
-FILES = ("adj.exc", "adv.exc", "noun.exc", "verb.exc", "cntlist.rev", "data.adj", "data.adv", "data.noun",
-         "data.verb", "index.adj", "index.adv", "index.noun", "index.verb", "index.sense")
+FILES = (
+    "adj.exc",
+    "adv.exc",
+    "noun.exc",
+    "verb.exc",
+    "cntlist.rev",
+    "data.adj",
+    "data.adv",
+    "data.noun",
+    "data.verb",
+    "index.adj",
+    "index.adv",
+    "index.noun",
+    "index.verb",
+    "index.sense",
+)
 # The 45 lexicographer files, in WordNet's order: number, name, syntactic category (1 n, 2 v, 3 a, 4 r).
 LEXNAMES = (
     ["adj.all", "adj.pert", "adv.all", "noun.Tops"]
-    + [f"noun.{n}" for n in ("act", "animal", "artifact", "attribute", "body", "cognition", "communication",
-                            "event", "feeling", "food", "group", "location", "motive", "object", "person",
-                            "phenomenon", "plant", "possession", "process", "quantity", "relation", "shape",
-                            "state", "substance", "time")]
-    + [f"verb.{n}" for n in ("body", "change", "cognition", "communication", "competition", "consumption",
-                            "contact", "creation", "emotion", "motion", "perception", "possession", "social",
-                            "stative", "weather")]
+    + [
+        f"noun.{n}"
+        for n in (
+            "act",
+            "animal",
+            "artifact",
+            "attribute",
+            "body",
+            "cognition",
+            "communication",
+            "event",
+            "feeling",
+            "food",
+            "group",
+            "location",
+            "motive",
+            "object",
+            "person",
+            "phenomenon",
+            "plant",
+            "possession",
+            "process",
+            "quantity",
+            "relation",
+            "shape",
+            "state",
+            "substance",
+            "time",
+        )
+    ]
+    + [
+        f"verb.{n}"
+        for n in (
+            "body",
+            "change",
+            "cognition",
+            "communication",
+            "competition",
+            "consumption",
+            "contact",
+            "creation",
+            "emotion",
+            "motion",
+            "perception",
+            "possession",
+            "social",
+            "stative",
+            "weather",
+        )
+    ]
     + ["adj.ppl"]
 )
 _CATEGORY = {"adj": 3, "adv": 4, "noun": 1, "verb": 2}
@@ -51,8 +108,10 @@ def install(target: Path | None = None, source: Path = DEBIAN_WORDNET) -> Path:
     folder = (target or nltk_data_dir()) / "corpora" / "wordnet"
     missing = [name for name in FILES if not (source / name).is_file()]
     if missing:
-        raise WordNetMissing(f"{source}: WordNet files {missing} not found; install Debian's wordnet-base and "
-                             f"wordnet-sense-index (apt-get install wordnet-base wordnet-sense-index)")
+        raise WordNetMissing(
+            f"{source}: WordNet files {missing} not found; install Debian's wordnet-base and "
+            f"wordnet-sense-index (apt-get install wordnet-base wordnet-sense-index)"
+        )
     scratch = folder.with_name(".wordnet-installing")
     shutil.rmtree(scratch, ignore_errors=True)
     scratch.mkdir(parents=True)
@@ -76,8 +135,10 @@ def _load(data_dir: Path):
 
     folder = data_dir / "corpora" / "wordnet"
     if not (folder / "lexnames").is_file() or not (folder / "data.noun").is_file():
-        raise WordNetMissing(f"{folder}: WordNet 3.0 is not installed there; run `make venv` (or "
-                             f"`python -m tasks.ml.wordnet`) after `apt-get install wordnet-base wordnet-sense-index`")
+        raise WordNetMissing(
+            f"{folder}: WordNet 3.0 is not installed there; run `make venv` (or "
+            f"`python -m tasks.ml.wordnet`) after `apt-get install wordnet-base wordnet-sense-index`"
+        )
     if str(data_dir) not in nltk.data.path:  # NLTK only reads corpora from its data path
         nltk.data.path.insert(0, str(data_dir))
     with warnings.catch_warnings():  # "multilingual functions are not available": no OMW, by design

@@ -16,8 +16,21 @@ from pydantic import BaseModel
 FIELD_KEY = "x-hpd-field"
 _UNSET: Any = object()
 # JSON Schema keywords a Param carries over from the field's schema.
-_KEPT = ("type", "enum", "items", "format", "pattern", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
-         "minLength", "maxLength", "minItems", "maxItems")
+_KEPT = (
+    "type",
+    "enum",
+    "items",
+    "format",
+    "pattern",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+)
 
 
 def field_schema(model: type[BaseModel], name: str) -> dict[str, Any]:
@@ -45,15 +58,20 @@ def stage_param(model: type[BaseModel], name: str, default: Any = _UNSET, why: s
         default = stage_default
     elif default != stage_default:
         if not why:
-            raise ValueError(f"DAG default {default!r} for {model.__name__}.{name} differs from the stage's "
-                             f"({'required' if stage_default is _UNSET else repr(stage_default)}); say why")
+            raise ValueError(
+                f"DAG default {default!r} for {model.__name__}.{name} differs from the stage's "
+                f"({'required' if stage_default is _UNSET else repr(stage_default)}); say why"
+            )
         shown = _stage_default_text(model, name, stage_default)
         description = f"{description}. DAG default {default!r} (stage default {shown}): {why}".lstrip(". ")
     kept = {key: schema[key] for key in _KEPT if key in schema}
     if default is None and "null" not in kept.get("type", []):  # empty: the task falls back, as ``why`` says
         kept["type"] = [kept["type"], "null"]
-    return Param(None if default is _UNSET else default, description=description or None,
-                 **{**kept, FIELD_KEY: f"{model.__name__}.{name}"})
+    return Param(
+        None if default is _UNSET else default,
+        description=description or None,
+        **{**kept, FIELD_KEY: f"{model.__name__}.{name}"},
+    )
 
 
 def _stage_default_text(model: type[BaseModel], name: str, stage_default: Any) -> str:

@@ -31,11 +31,15 @@ def gpu_executor_config() -> dict:
     from kubernetes.client import models as k8s
 
     gpus = os.environ.get("HPD_GPU_COUNT", "1")
-    resources = k8s.V1ResourceRequirements(requests={"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": gpus},
-                                           limits={"memory": "64Gi", "nvidia.com/gpu": gpus})
-    pod = k8s.V1Pod(spec=k8s.V1PodSpec(
-        containers=[k8s.V1Container(name="base", resources=resources)],
-        tolerations=[k8s.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
-    ))
+    resources = k8s.V1ResourceRequirements(
+        requests={"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": gpus},
+        limits={"memory": "64Gi", "nvidia.com/gpu": gpus},
+    )
+    pod = k8s.V1Pod(
+        spec=k8s.V1PodSpec(
+            containers=[k8s.V1Container(name="base", resources=resources)],
+            tolerations=[k8s.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
+        )
+    )
     template = os.environ.get("HPD_GPU_POD_TEMPLATE")
     return {"pod_override": pod, **({"pod_template_file": template} if template else {})}

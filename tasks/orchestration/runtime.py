@@ -18,6 +18,11 @@ def partition_date(context: dict) -> date:
     return start.date()
 
 
+def pick(params: dict, *names: str) -> dict[str, Any]:
+    """The run's params ``names``: DAG params that feed the stage field of the same name."""
+    return {name: params[name] for name in names}
+
+
 def with_store(values: dict, params: dict) -> dict:
     """Stage values plus the store from the run's params (default: ``$HPD_STORE`` / ``./var/store``)."""
     return {**values, "store": params.get("store") or config.default_store()}

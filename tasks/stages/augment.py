@@ -24,11 +24,13 @@ from tasks.core.catalog import Stage
 from tasks.stages.params import AugmentParams
 
 # Function words WordNet would otherwise "replace" ("a" -> "angstrom", "in" -> "inch").
-STOPWORDS = frozenset("""a an the and or but if of at by for with about against between into through during
+STOPWORDS = frozenset(
+    """a an the and or but if of at by for with about against between into through during
 before after above below to from up down in out on off over under again further then once here there when
 where why how all any both each few more most other some such no nor not only own same so than too very can
 will just don should now i me my we our you your he him his she her it its they them their what which who
-whom this that these those am is are was were be been being have has had having do does did doing""".split())
+whom this that these those am is are was were be been being have has had having do does did doing""".split()
+)
 
 
 class AugmentError(ValueError):
@@ -100,8 +102,10 @@ def _wordnet_augmenter(params: AugmentParams) -> Augmenter:
         return cache[word]
 
     def apply(parents: list[tuple[str, str]]) -> list[str]:
-        return [synonym_substitute(text, rng_for(params.seed, "wordnet", pid), params.synonym_rate, synonyms)
-                for pid, text in parents]
+        return [
+            synonym_substitute(text, rng_for(params.seed, "wordnet", pid), params.synonym_rate, synonyms)
+            for pid, text in parents
+        ]
 
     return Augmenter("wordnet", {"synonym_rate": params.synonym_rate, "wordnet": "3.0"}, apply)
 
@@ -109,27 +113,36 @@ def _wordnet_augmenter(params: AugmentParams) -> Augmenter:
 def _back_translation_augmenter(params: AugmentParams) -> Augmenter:
     from tasks.ml.translate import Translator
 
-    forward = Translator.load(params.translate_forward, params.translate_batch_size, params.translate_beams,
-                              params.translate_max_tokens)
-    backward = Translator.load(params.translate_backward, params.translate_batch_size, params.translate_beams,
-                               params.translate_max_tokens)
+    forward = Translator.load(
+        params.translate_forward, params.translate_batch_size, params.translate_beams, params.translate_max_tokens
+    )
+    backward = Translator.load(
+        params.translate_backward, params.translate_batch_size, params.translate_beams, params.translate_max_tokens
+    )
 
     def apply(parents: list[tuple[str, str]]) -> list[str]:
         return backward.translate(forward.translate([text for _, text in parents]))
 
-    recorded = {"forward": forward.name, "backward": backward.name, "beams": params.translate_beams,
-                "max_tokens": params.translate_max_tokens}
+    recorded = {
+        "forward": forward.name,
+        "backward": backward.name,
+        "beams": params.translate_beams,
+        "max_tokens": params.translate_max_tokens,
+    }
     return Augmenter("back_translation", recorded, apply)
 
 
 def _token_augmenter(params: AugmentParams, method: str) -> Augmenter:
     if method == "delete":
+
         def apply(parents):
             return [random_delete(t, rng_for(params.seed, method, pid), params.delete_rate) for pid, t in parents]
+
         return Augmenter(method, {"delete_rate": params.delete_rate}, apply)
 
     def apply(parents):  # swap
         return [random_swap(t, rng_for(params.seed, method, pid), params.swaps) for pid, t in parents]
+
     return Augmenter(method, {"swaps": params.swaps}, apply)
 
 
@@ -144,9 +157,13 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
     source_manifest = manifest.read(params.store, Stage.STAGE_CORPUS, key)
     if source_manifest is None:  # staged but empty (every sentence already staged elsewhere) is fine
         raise AugmentError(f"{params.store}: no sentences staged for {key}; run stage-corpus first")
-    stage_run = manifest.StageRun(stage=Stage.AUGMENT, key=key, store=params.store,
-                                  params=params.model_dump(mode="json"),
-                                  inputs=[o.as_input() for o in source_manifest.outputs])
+    stage_run = manifest.StageRun(
+        stage=Stage.AUGMENT,
+        key=key,
+        store=params.store,
+        params=params.model_dump(mode="json"),
+        inputs=[o.as_input() for o in source_manifest.outputs],
+    )
     if skipped := stage_run.skip_result(force):
         return skipped
     with stage_run.phase("load"):
@@ -162,21 +179,25 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
     return sentences.publish_partition(stage_run, params.ingest_date, table, params.shard_rows)
 
 
-def _generate(params: AugmentParams, augmenter: Augmenter, shard_uris: list[str],
-              progress: bool) -> list[tuple[Augmenter, dict, str, str]]:
+def _generate(
+    params: AugmentParams, augmenter: Augmenter, shard_uris: list[str], progress: bool
+) -> list[tuple[Augmenter, dict, str, str]]:
     """(augmenter, parent row, normalised variant, parent shard) for every selected parent."""
     generated = []
     for shard_uri in tqdm(shard_uris, disable=not progress, desc=f"augment {augmenter.method}", unit=" shard"):
         parents = storage.read_parquet(shard_uri, columns=["sentence_id", "text", "line"]).to_pylist()
         parents = [p for p in parents if selected(params.seed, augmenter.method, p["sentence_id"], params.fraction)]
         variants = augmenter.apply([(p["sentence_id"], p["text"]) for p in parents])
-        generated.extend((augmenter, parent, sentences.normalise(variant), shard_uri)
-                         for parent, variant in zip(parents, variants, strict=True))
+        generated.extend(
+            (augmenter, parent, sentences.normalise(variant), shard_uri)
+            for parent, variant in zip(parents, variants, strict=True)
+        )
     return generated
 
 
-def _deduplicated(store: str, generated: list[tuple[Augmenter, dict, str, str]],
-                  augmenters: list[Augmenter]) -> tuple[dict[str, list], dict[str, Counter]]:
+def _deduplicated(
+    store: str, generated: list[tuple[Augmenter, dict, str, str]], augmenters: list[Augmenter]
+) -> tuple[dict[str, list], dict[str, Counter]]:
     """The rows to write (variants that are new, non-empty and not staged originals) and counts per method."""
     ids = [sentences.sentence_id(text) if text else None for _, _, text, _ in generated]
     originals = sentences.already_staged(store, [sid for sid in ids if sid])
@@ -192,8 +213,11 @@ def _deduplicated(store: str, generated: list[tuple[Augmenter, dict, str, str]],
             continue
         seen.add(sid)
         count["written"] += 1
-        for name, value in zip(sentences.COLUMNS, (sid, text, shard_uri, parent["line"], parent["sentence_id"],
-                                                   augmenter.method, recorded[augmenter.method]), strict=True):
+        for name, value in zip(
+            sentences.COLUMNS,
+            (sid, text, shard_uri, parent["line"], parent["sentence_id"], augmenter.method, recorded[augmenter.method]),
+            strict=True,
+        ):
             rows[name].append(value)
     return rows, counts
 

@@ -74,19 +74,33 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
         raise IndexBuildError(f"{params.store}: no published distill run {params.model_run!r}")
     name = params.name or params.model_run
     distill_uri = catalog.manifest_uri(params.store, Stage.DISTILL, params.model_run)
-    stage_run = manifest.StageRun(stage=Stage.BUILD_INDEX, key=name, store=params.store,
-                                  params=params.model_dump(mode="json"),
-                                  inputs=[manifest.Input(distill_uri, distilled.fingerprint),
-                                          *(o.as_input() for o in staged)])
+    stage_run = manifest.StageRun(
+        stage=Stage.BUILD_INDEX,
+        key=name,
+        store=params.store,
+        params=params.model_dump(mode="json"),
+        inputs=[manifest.Input(distill_uri, distilled.fingerprint), *(o.as_input() for o in staged)],
+    )
     _, seen_etag = catalog.read_pointer(params.store, Pointer.INDEX)
     if skipped := stage_run.skip_result(force):
         return skipped
     prefix = catalog.index_prefix(params.store, name, stage_run.fingerprint)
     corpus = _encode_corpus(params, stage_run, [o.uri for o in staged], prefix, progress)
     stage_run.stats = _write_index(stage_run, prefix, corpus, params.nprobe)
-    stage_run.add_shard(datasets.write_shard(prefix, "ids", pa.table({
-        "faiss_id": pa.array(np.arange(len(corpus.ids)), pa.int64()), "sentence_id": corpus.ids,
-        "text": corpus.texts}), IDS))
+    stage_run.add_shard(
+        datasets.write_shard(
+            prefix,
+            "ids",
+            pa.table(
+                {
+                    "faiss_id": pa.array(np.arange(len(corpus.ids)), pa.int64()),
+                    "sentence_id": corpus.ids,
+                    "text": corpus.texts,
+                }
+            ),
+            IDS,
+        )
+    )
     result = stage_run.publish()
     if params.promote:
         assert result.manifest is not None
@@ -100,8 +114,7 @@ def _with_model_run(params: BuildIndexParams) -> BuildIndexParams:
         return params
     pointer, _ = student.promoted(params.store)
     if pointer is None:
-        raise IndexBuildError(f"{params.store}: no promoted model ({Pointer.MODEL}); validate one or pass "
-                              f"model_run")
+        raise IndexBuildError(f"{params.store}: no promoted model ({Pointer.MODEL}); validate one or pass model_run")
     return params.model_copy(update={"model_run": pointer.model_run})
 
 
@@ -124,8 +137,9 @@ class EncodedCorpus:
     factory: str
 
 
-def _encode_corpus(params: BuildIndexParams, stage_run: manifest.StageRun, shard_uris: list[str], prefix: str,
-                   progress: bool) -> EncodedCorpus:
+def _encode_corpus(
+    params: BuildIndexParams, stage_run: manifest.StageRun, shard_uris: list[str], prefix: str, progress: bool
+) -> EncodedCorpus:
     """Encode every corpus shard with the student, publishing its embeddings. Bad index settings fail
     before the first write."""
     import faiss
@@ -139,16 +153,25 @@ def _encode_corpus(params: BuildIndexParams, stage_run: manifest.StageRun, shard
         rows = sum(i.rows or 0 for i in stage_run.inputs[1:])
         index_type = choose_type(params.index_type, rows)
         factory = factory_string(index_type, rows, encoder.dim, params)
-        for shard_uri in tqdm(shard_uris, desc=f"index {stage_run.key} encode", unit=" shard",
-                              disable=not progress):
+        for shard_uri in tqdm(shard_uris, desc=f"index {stage_run.key} encode", unit=" shard", disable=not progress):
             table = storage.read_parquet(shard_uri, columns=["sentence_id", "text"])
-            vectors = encoder.encode(table.column("text").to_pylist(), batch_size=params.batch_size,
-                                     dtype=params.dtype)
-            embeddings = pa.table({"sentence_id": table.column("sentence_id"), "embedding":
-                                   pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1])})
-            stage_run.add_shard(datasets.write_shard(storage.join(prefix, EMBEDDINGS), catalog.derived_stem(shard_uri),
-                                                     embeddings, EMBEDDINGS, dim=vectors.shape[1],
-                                                     model_id=params.model_run))
+            vectors = encoder.encode(table.column("text").to_pylist(), batch_size=params.batch_size, dtype=params.dtype)
+            embeddings = pa.table(
+                {
+                    "sentence_id": table.column("sentence_id"),
+                    "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1]),
+                }
+            )
+            stage_run.add_shard(
+                datasets.write_shard(
+                    storage.join(prefix, EMBEDDINGS),
+                    catalog.derived_stem(shard_uri),
+                    embeddings,
+                    EMBEDDINGS,
+                    dim=vectors.shape[1],
+                    model_id=params.model_run,
+                )
+            )
             ids.extend(table.column("sentence_id").to_pylist())
             texts.extend(table.column("text").to_pylist())
             blocks.append(vectors)
@@ -169,9 +192,15 @@ def _write_index(stage_run: manifest.StageRun, prefix: str, corpus: EncodedCorpu
         stats = measure(index, corpus.vectors)
     body = faiss.serialize_index(index).tobytes()
     stage_run.write_output(storage.join(prefix, INDEX_FILE), body, rows=len(corpus.vectors))
-    return {"index_type": corpus.index_type, "factory": corpus.factory, "rows": len(corpus.vectors),
-            "dim": int(corpus.vectors.shape[1]), "bytes": len(body), "build_seconds": round(build_seconds, 3),
-            **stats}
+    return {
+        "index_type": corpus.index_type,
+        "factory": corpus.factory,
+        "rows": len(corpus.vectors),
+        "dim": int(corpus.vectors.shape[1]),
+        "bytes": len(body),
+        "build_seconds": round(build_seconds, 3),
+        **stats,
+    }
 
 
 def build(vectors: np.ndarray, factory: str, nprobe: int):
@@ -200,12 +229,15 @@ def measure(index, vectors: np.ndarray, k: int = 10) -> dict:
     qps_1 = len(queries) / (time.perf_counter() - start)
     start = time.perf_counter()
     for first in range(0, len(queries), 64):
-        _, found = index.search(queries[first:first + 64], k)
+        _, found = index.search(queries[first : first + 64], k)
     qps_64 = len(queries) / (time.perf_counter() - start)
     _, found = index.search(queries, k)
     recall = np.mean([len(set(f) & set(t)) / k for f, t in zip(found, truth, strict=True)])
-    return {"queries_per_s_batch1": round(qps_1, 1), "queries_per_s_batch64": round(qps_64, 1),
-            f"recall_at_{k}": round(float(recall), 4)}
+    return {
+        "queries_per_s_batch1": round(qps_1, 1),
+        "queries_per_s_batch64": round(qps_64, 1),
+        f"recall_at_{k}": round(float(recall), 4),
+    }
 
 
 def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> catalog.IndexPointer:
@@ -214,13 +246,21 @@ def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> 
     for uri in (index_uri, ids_uri):
         if not storage.exists(uri):
             raise IndexBuildError(f"{uri}: missing; the current pointer stays as it was")
-    pointer = catalog.IndexPointer(index_uri, ids_uri, catalog.manifest_uri(store, Stage.BUILD_INDEX, published.key),
-                                   published.params["model_run"], published.stats["dim"], published.run_id)
+    pointer = catalog.IndexPointer(
+        index_uri,
+        ids_uri,
+        catalog.manifest_uri(store, Stage.BUILD_INDEX, published.key),
+        published.params["model_run"],
+        published.stats["dim"],
+        published.run_id,
+    )
     try:
         catalog.move_pointer(store, pointer, seen_etag)
     except catalog.PointerMoved:
-        raise PromotionConflict(f"{catalog.pointer_uri(store, Pointer.INDEX)}: moved by another rebuild since this "
-                                f"one started; {index_uri} is published but not promoted") from None
+        raise PromotionConflict(
+            f"{catalog.pointer_uri(store, Pointer.INDEX)}: moved by another rebuild since this "
+            f"one started; {index_uri} is published but not promoted"
+        ) from None
     return pointer
 
 
@@ -243,10 +283,12 @@ def search(store: str, query: str, k: int = 5) -> list[dict]:
         encoder = SentenceEncoder.load(str(student.fetch_exported(store, pointer.model_run, Path(scratch))))
         vector = encoder.encode([query])
     if vector.shape[1] != index.d:
-        raise IndexBuildError(f"{pointer.index}: index dimension {index.d} differs from the model's "
-                              f"{vector.shape[1]}")
+        raise IndexBuildError(f"{pointer.index}: index dimension {index.d} differs from the model's {vector.shape[1]}")
     faiss.normalize_L2(vector)
     scores, rows = index.search(vector, k)
     texts, sids = ids.column("text").to_pylist(), ids.column("sentence_id").to_pylist()
-    return [{"rank": rank + 1, "score": round(float(score), 4), "sentence_id": sids[row], "text": texts[row]}
-            for rank, (score, row) in enumerate(zip(scores[0], rows[0], strict=True)) if row >= 0]
+    return [
+        {"rank": rank + 1, "score": round(float(score), 4), "sentence_id": sids[row], "text": texts[row]}
+        for rank, (score, row) in enumerate(zip(scores[0], rows[0], strict=True))
+        if row >= 0
+    ]

@@ -26,12 +26,15 @@ class EncodeError(ValueError):
     """A shard that cannot be encoded; the message names it."""
 
 
-def encoded(store: str, teacher: str, ingest_date: date, stages: tuple[Stage, ...] = catalog.SENTENCE_WRITERS
-            ) -> list[tuple[str, manifest.Manifest | None]]:
+def encoded(
+    store: str, teacher: str, ingest_date: date, stages: tuple[Stage, ...] = catalog.SENTENCE_WRITERS
+) -> list[tuple[str, manifest.Manifest | None]]:
     """Each current sentences shard of a partition (as ``stages`` published it) with the manifest of its
     teacher embeddings, or None where it is not encoded yet."""
-    return [(uri, manifest.read(store, Stage.ENCODE_TEACHER, catalog.teacher_shard_key(teacher, ingest_date, uri)))
-            for uri in sentences.shards(store, ingest_date, stages)]
+    return [
+        (uri, manifest.read(store, Stage.ENCODE_TEACHER, catalog.teacher_shard_key(teacher, ingest_date, uri)))
+        for uri in sentences.shards(store, ingest_date, stages)
+    ]
 
 
 def output_shards(store: str, teacher: str, ingest_date: date) -> list[str]:
@@ -53,10 +56,15 @@ def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False
         results.append(result)
     encoded_now = sum(not r.skipped for r in results)
     outputs = tuple(o for r in results for o in r.outputs)
-    stats = {"shards": len(results), "encoded": encoded_now, "skipped": len(results) - encoded_now,
-             "rows": sum(o.rows or 0 for o in outputs)}
-    prefix = catalog.manifests_prefix(params.store, Stage.ENCODE_TEACHER,
-                                      catalog.teacher_partition(params.teacher, params.ingest_date))
+    stats = {
+        "shards": len(results),
+        "encoded": encoded_now,
+        "skipped": len(results) - encoded_now,
+        "rows": sum(o.rows or 0 for o in outputs),
+    }
+    prefix = catalog.manifests_prefix(
+        params.store, Stage.ENCODE_TEACHER, catalog.teacher_partition(params.teacher, params.ingest_date)
+    )
     return manifest.StageResult(prefix, skipped=encoded_now == 0, stats=stats, outputs=outputs)
 
 
@@ -76,8 +84,11 @@ def _shard_run(params: EncodeTeacherParams, shard: manifest.Output) -> manifest.
     """The run encoding one sentences shard; its input checksum comes from the writing stage's manifest."""
     identity = params.model_dump(mode="json", exclude={"shards", "threads", "device", "batch_size"})
     return manifest.StageRun(
-        stage=Stage.ENCODE_TEACHER, key=catalog.teacher_shard_key(params.teacher, params.ingest_date, shard.uri),
-        store=params.store, params=identity, inputs=[shard.as_input()],
+        stage=Stage.ENCODE_TEACHER,
+        key=catalog.teacher_shard_key(params.teacher, params.ingest_date, shard.uri),
+        store=params.store,
+        params=identity,
+        inputs=[shard.as_input()],
     )
 
 
@@ -92,27 +103,39 @@ def _load_encoder(params: EncodeTeacherParams):
     return SentenceEncoder.load(params.teacher, device=device, max_seq_length=params.max_seq_length)
 
 
-def _encode_shard(params: EncodeTeacherParams, encoder, stage_run: manifest.StageRun,
-                  shard_uri: str) -> manifest.StageResult:
+def _encode_shard(
+    params: EncodeTeacherParams, encoder, stage_run: manifest.StageRun, shard_uri: str
+) -> manifest.StageResult:
     with stage_run.phase("read"):
         staged = storage.read_parquet(shard_uri, columns=["sentence_id", "text"])
     with stage_run.phase("encode"):
-        embeddings = encoder.encode(staged.column("text").to_pylist(), batch_size=params.batch_size,
-                                    dtype=params.dtype)
+        embeddings = encoder.encode(staged.column("text").to_pylist(), batch_size=params.batch_size, dtype=params.dtype)
     bad = ~np.isfinite(embeddings).all(axis=1)
     if bad.any():
         first = staged.column("sentence_id")[int(np.flatnonzero(bad)[0])].as_py()
-        raise EncodeError(f"{shard_uri}: {int(bad.sum())} sentence(s) got NaN or infinite embeddings "
-                          f"(first: {first}); nothing published for this shard")
+        raise EncodeError(
+            f"{shard_uri}: {int(bad.sum())} sentence(s) got NaN or infinite embeddings "
+            f"(first: {first}); nothing published for this shard"
+        )
     value_type = pa.float16() if params.output_dtype == "float16" else pa.float32()
     flat = pa.array(embeddings.astype(params.output_dtype).ravel(), value_type)
-    table = pa.table({"sentence_id": staged.column("sentence_id"),
-                      "embedding": pa.FixedSizeListArray.from_arrays(flat, encoder.dim)})
+    table = pa.table(
+        {"sentence_id": staged.column("sentence_id"), "embedding": pa.FixedSizeListArray.from_arrays(flat, encoder.dim)}
+    )
     prefix = catalog.teacher_prefix(params.store, params.teacher, params.ingest_date)
     with stage_run.phase("write"):
-        shard = datasets.write_shard(prefix, catalog.derived_stem(shard_uri), table, DATASET, dim=encoder.dim,
-                                     model_id=params.teacher, value_type=params.output_dtype)
+        shard = datasets.write_shard(
+            prefix,
+            catalog.derived_stem(shard_uri),
+            table,
+            DATASET,
+            dim=encoder.dim,
+            model_id=params.teacher,
+            value_type=params.output_dtype,
+        )
     stage_run.add_shard(shard)
-    stage_run.stats = {"rows": shard.rows, "sentences_per_s": round(shard.rows / max(
-        stage_run.timings_s["encode"], 1e-9), 2)}
+    stage_run.stats = {
+        "rows": shard.rows,
+        "sentences_per_s": round(shard.rows / max(stage_run.timings_s["encode"], 1e-9), 2),
+    }
     return stage_run.publish()

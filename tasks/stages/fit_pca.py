@@ -44,8 +44,10 @@ def teacher_shards(store: str, teacher: str, partitions: list[date] | None) -> l
     pairs = [pair for day in partitions for pair in encode_teacher.encoded(store, teacher, day)]
     missing = [shard_uri for shard_uri, published in pairs if published is None]
     if missing:
-        raise PCAError(f"{len(missing)} sentences shard(s) not encoded by {teacher!r} yet, e.g. {missing[0]}; "
-                       f"run encode-teacher first")
+        raise PCAError(
+            f"{len(missing)} sentences shard(s) not encoded by {teacher!r} yet, e.g. {missing[0]}; "
+            f"run encode-teacher first"
+        )
     return [o for _, published in pairs if published for o in published.outputs]
 
 
@@ -53,11 +55,16 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
     """Fit the projection over the teacher shards, publish it, and write the projected targets."""
     shards = teacher_shards(params.store, params.teacher, params.partitions)
     if not shards:
-        raise PCAError(f"{params.store}: no teacher embeddings of {params.teacher!r} for partitions "
-                       f"{params.partitions or 'any'}")
-    stage_run = manifest.StageRun(stage=Stage.FIT_PCA, key=catalog.pca_key(params.teacher, params.name),
-                                  store=params.store, params=params.model_dump(mode="json"),
-                                  inputs=[s.as_input() for s in shards])
+        raise PCAError(
+            f"{params.store}: no teacher embeddings of {params.teacher!r} for partitions {params.partitions or 'any'}"
+        )
+    stage_run = manifest.StageRun(
+        stage=Stage.FIT_PCA,
+        key=catalog.pca_key(params.teacher, params.name),
+        store=params.store,
+        params=params.model_dump(mode="json"),
+        inputs=[s.as_input() for s in shards],
+    )
     if skipped := stage_run.skip_result(force):
         return skipped
     total_rows = sum(s.rows or 0 for s in shards)
@@ -66,10 +73,17 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
         accumulator = _accumulate([s.uri for s in shards], fraction, params.seed, progress)
     with stage_run.phase("eigendecomposition"):
         projection = accumulator.fit(params.k, params.mode)
-    summary = {"teacher": params.teacher, "mode": params.mode, "k": params.k, "dim": accumulator.dim,
-               "rows_fitted": projection.rows, "rows_available": total_rows, "sample_fraction": fraction,
-               "explained_variance_ratio_sum": float(projection.explained_variance_ratio.sum()),
-               "explained_variance_ratio": projection.explained_variance_ratio.round(6).tolist()}
+    summary = {
+        "teacher": params.teacher,
+        "mode": params.mode,
+        "k": params.k,
+        "dim": accumulator.dim,
+        "rows_fitted": projection.rows,
+        "rows_available": total_rows,
+        "sample_fraction": fraction,
+        "explained_variance_ratio_sum": float(projection.explained_variance_ratio.sum()),
+        "explained_variance_ratio": projection.explained_variance_ratio.round(6).tolist(),
+    }
     with stage_run.phase("write_artifact"):
         # A folder per fingerprint: a rerun never overwrites what the published manifest lists.
         prefix = catalog.pca_prefix(params.store, params.teacher, params.name, stage_run.fingerprint)
@@ -81,8 +95,7 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
             model_id = f"{params.teacher}+pca-{params.name}"
             for shard in tqdm(shards, desc="fit_pca targets", unit=" shard", disable=not progress):
                 stage_run.add_shard(_write_targets(shard.uri, projection, targets_prefix, model_id))
-    stage_run.stats = {key: summary[key] for key in ("rows_fitted", "rows_available",
-                                                      "explained_variance_ratio_sum")}
+    stage_run.stats = {key: summary[key] for key in ("rows_fitted", "rows_available", "explained_variance_ratio_sum")}
     return stage_run.publish()
 
 
@@ -126,7 +139,11 @@ def _write_targets(teacher_uri: str, projection: Projection, prefix: str, model_
         targets.append(projection.apply(chunk))
     values = np.concatenate(targets) if targets else np.zeros((0, len(projection.components)), np.float32)
     k = values.shape[1]
-    table = pa.table({"sentence_id": pa.array(ids, pa.string()),
-                      "target": pa.FixedSizeListArray.from_arrays(pa.array(values.ravel(), pa.float32()), k)})
+    table = pa.table(
+        {
+            "sentence_id": pa.array(ids, pa.string()),
+            "target": pa.FixedSizeListArray.from_arrays(pa.array(values.ravel(), pa.float32()), k),
+        }
+    )
     stem = teacher_uri.rsplit("/", 1)[1].removesuffix(".parquet")
     return datasets.write_shard(prefix, stem, table, TARGETS, dim=k, model_id=model_id)

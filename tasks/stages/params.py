@@ -119,8 +119,9 @@ class DistillParams(StageParams):
         if self.amp == "fp16" and self.device == "cpu":
             raise ValueError("fp16 AMP needs CUDA; use amp=bf16 on CPU")
         if not self.name:
-            object.__setattr__(self, "name", catalog.default_student_run(self.student, self.student_layers,
-                                                                         self.pca_name))
+            object.__setattr__(
+                self, "name", catalog.default_student_run(self.student, self.student_layers, self.pca_name)
+            )
         return self
 
 
@@ -136,8 +137,10 @@ class ValidateParams(StageParams):
 
 
 class BuildIndexParams(StageParams):
-    model_run: str | None = Field(None, description="the distill run whose student encodes the corpus "
-                                                  "(default: the promoted one, models/current.json)")
+    model_run: str | None = Field(
+        None,
+        description="the distill run whose student encodes the corpus (default: the promoted one, models/current.json)",
+    )
     partitions: list[date] | None = Field(None, description="corpus partitions (default: every staged one)")
     index_type: IndexType = Field("auto", description="auto chooses by corpus size")
     sq8: bool = Field(False, description="store int8 scalar-quantised codes instead of float32")

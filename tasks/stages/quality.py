@@ -34,17 +34,25 @@ class QualityError(ValueError):
 def profile(kind: str, table: pa.Table) -> pd.DataFrame:
     """The frame a suite of profile ``kind`` is checked against."""
     if kind == "sentences":
-        return pd.DataFrame({"sentence_id": table.column("sentence_id").to_pylist(),
-                             "text": table.column("text").to_pylist(),
-                             "text_length": pc.utf8_length(table.column("text")).to_pylist()})
+        return pd.DataFrame(
+            {
+                "sentence_id": table.column("sentence_id").to_pylist(),
+                "text": table.column("text").to_pylist(),
+                "text_length": pc.utf8_length(table.column("text")).to_pylist(),
+            }
+        )
     vector_column = "embedding" if "embedding" in table.column_names else "target"
     if kind == "embeddings":
         column = table.column(vector_column).combine_chunks()
         rows = [np.asarray(v, dtype=np.float64) for v in column.to_pylist()]
-        return pd.DataFrame({"sentence_id": table.column("sentence_id").to_pylist(),
-                             "dim": pc.list_value_length(column).to_numpy(zero_copy_only=False),
-                             "finite": [bool(np.isfinite(r).all()) for r in rows],
-                             "norm": [float(np.linalg.norm(r)) if np.isfinite(r).all() else np.nan for r in rows]})
+        return pd.DataFrame(
+            {
+                "sentence_id": table.column("sentence_id").to_pylist(),
+                "dim": pc.list_value_length(column).to_numpy(zero_copy_only=False),
+                "finite": [bool(np.isfinite(r).all()) for r in rows],
+                "norm": [float(np.linalg.norm(r)) if np.isfinite(r).all() else np.nan for r in rows],
+            }
+        )
     values = datasets.vectors(table, vector_column).astype(np.float64)
     return pd.DataFrame({"dimension": np.arange(values.shape[1]), "variance": values.var(axis=0)})
 
@@ -79,23 +87,32 @@ def check(suite: str, table: pa.Table, uri: str, **settings) -> dict:
         gx_suite.add_expectation(ExpectationConfiguration(type=expectation["type"], kwargs=kwargs).to_domain_obj())
     batch = context.data_sources.get("hpd").add_dataframe_asset(name).add_batch_definition_whole_dataframe("all")
     definition = context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch, suite=gx_suite))
-    checkpoint = context.checkpoints.add(gx.Checkpoint(name=name, validation_definitions=[definition],
-                                                       result_format={"result_format": "COMPLETE"}))
+    checkpoint = context.checkpoints.add(
+        gx.Checkpoint(name=name, validation_definitions=[definition], result_format={"result_format": "COMPLETE"})
+    )
     result = checkpoint.run(batch_parameters={"dataframe": frame})
     outcomes = []
     for run in result.run_results.values():
         for item in run.results:
             kwargs = {k: v for k, v in item.expectation_config.kwargs.items() if k != "batch_id"}
             rows = (item.result.get("unexpected_index_list") or [])[:SAMPLE_ROWS]
-            outcomes.append({"expectation": item.expectation_config.type, "kwargs": kwargs,
-                             "success": bool(item.success), "unexpected_count": item.result.get("unexpected_count"),
-                             "sample_rows": frame.iloc[list(rows)].to_dict("records") if rows else []})
+            outcomes.append(
+                {
+                    "expectation": item.expectation_config.type,
+                    "kwargs": kwargs,
+                    "success": bool(item.success),
+                    "unexpected_count": item.result.get("unexpected_count"),
+                    "sample_rows": frame.iloc[list(rows)].to_dict("records") if rows else [],
+                }
+            )
     failed = [o for o in outcomes if not o["success"]]
     if failed:
         lines = [f"{uri}: {len(failed)} of {len(outcomes)} expectations of suite {suite!r} failed:"]
         for o in failed:
-            lines.append(f"  {o['expectation']}({o['kwargs']}): {o['unexpected_count']} bad row(s), "
-                         f"e.g. {o['sample_rows'][:SAMPLE_ROWS]}")
+            lines.append(
+                f"  {o['expectation']}({o['kwargs']}): {o['unexpected_count']} bad row(s), "
+                f"e.g. {o['sample_rows'][:SAMPLE_ROWS]}"
+            )
         raise QualityError("\n".join(lines))
     return {"uri": uri, "suite": suite, "rows": len(frame), "expectations": outcomes}
 
@@ -113,9 +130,13 @@ def _context():
 def run(params: QualityParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Check a partition's sentences, teacher embeddings and (optionally) a PCA run's targets."""
     checks = planned_checks(params)
-    stage_run = manifest.StageRun(stage=Stage.QUALITY, key=catalog.partition_key(params.ingest_date),
-                                  store=params.store, params=params.model_dump(mode="json"),
-                                  inputs=[output.as_input() for output, _, _ in checks])
+    stage_run = manifest.StageRun(
+        stage=Stage.QUALITY,
+        key=catalog.partition_key(params.ingest_date),
+        store=params.store,
+        params=params.model_dump(mode="json"),
+        inputs=[output.as_input() for output, _, _ in checks],
+    )
     if skipped := stage_run.skip_result(force):
         return skipped
     results = []
@@ -136,8 +157,9 @@ def planned_checks(params: QualityParams) -> list[tuple[manifest.Output, str, di
     shards = sentences.published(params.store, params.ingest_date)
     if not shards:
         raise QualityError(f"{params.store}: nothing staged for {catalog.partition_key(params.ingest_date)}")
-    checks: list[tuple[manifest.Output, str, dict]] = [(s, "sentences", {"max_chars": params.max_chars})
-                                                       for s in shards]
+    checks: list[tuple[manifest.Output, str, dict]] = [
+        (s, "sentences", {"max_chars": params.max_chars}) for s in shards
+    ]
     if params.teacher:
         embedding_settings = {"dim": params.teacher_dim, "min_norm": params.min_norm, "max_norm": params.max_norm}
         for shard in shards:

@@ -27,8 +27,15 @@ from tasks.core.catalog import Stage
 from tasks.stages.params import StageCorpusParams
 
 DROP_REASONS = ("empty", "too_long", "duplicate_in_input", "already_staged")
-_SUFFIX_FORMATS = {".txt": "text", ".text": "text", ".jsonl": "jsonl", ".ndjson": "jsonl",
-                   ".csv": "csv", ".tsv": "tsv", ".parquet": "parquet"}
+_SUFFIX_FORMATS = {
+    ".txt": "text",
+    ".text": "text",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".parquet": "parquet",
+}
 
 
 class CorpusInputError(ValueError):
@@ -41,7 +48,10 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
     sources = _source_uris(params.source)
     raw = {uri: storage.read_bytes(uri) for uri in sources}
     stage_run = manifest.StageRun(
-        stage=Stage.STAGE_CORPUS, key=key, store=params.store, params=params.model_dump(mode="json"),
+        stage=Stage.STAGE_CORPUS,
+        key=key,
+        store=params.store,
+        params=params.model_dump(mode="json"),
         inputs=[manifest.Input(uri, manifest.sha256_hex(data), None, len(data)) for uri, data in raw.items()],
     )
     if skipped := stage_run.skip_result(force):
@@ -57,13 +67,17 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
 
     # The whole partition is checked before the first shard is written, so a refusal publishes nothing.
     table = sentences.table(rows, params.ingest_date)
-    stage_run.stats = {"rows_read": sum(records_read.values()), "rows_written": table.num_rows,
-                       "dropped": {reason: dropped[reason] for reason in DROP_REASONS}}
+    stage_run.stats = {
+        "rows_read": sum(records_read.values()),
+        "rows_written": table.num_rows,
+        "dropped": {reason: dropped[reason] for reason in DROP_REASONS},
+    }
     return sentences.publish_partition(stage_run, params.ingest_date, table, params.shard_rows)
 
 
-def _read_sentences(params: StageCorpusParams, raw: dict[str, bytes],
-                    progress: bool) -> tuple[dict[str, list], Counter[str], dict[str, int]]:
+def _read_sentences(
+    params: StageCorpusParams, raw: dict[str, bytes], progress: bool
+) -> tuple[dict[str, list], Counter[str], dict[str, int]]:
     """The normalised sentences kept from the raw files (columns), the drop counts by reason, and how
     many records were read from each file (at most ``params.limit`` in all)."""
     dropped: Counter[str] = Counter()
@@ -74,8 +88,9 @@ def _read_sentences(params: StageCorpusParams, raw: dict[str, bytes],
         remaining = None if params.limit is None else params.limit - sum(records_read.values())
         records = itertools.islice(_records(uri, data, _format_of(uri, params.format), params.column), remaining)
         records_read[uri] = 0
-        for line_no, raw_text in tqdm(records, desc=f"stage {uri.rsplit('/', 1)[-1]}", unit=" lines",
-                                      disable=not progress):
+        for line_no, raw_text in tqdm(
+            records, desc=f"stage {uri.rsplit('/', 1)[-1]}", unit=" lines", disable=not progress
+        ):
             records_read[uri] += 1
             text = sentences.normalise(raw_text or "")
             sid = sentences.sentence_id(text)
@@ -113,8 +128,9 @@ def _format_of(uri: str, requested: str) -> str:
     for suffix, fmt in _SUFFIX_FORMATS.items():
         if name.endswith(suffix):
             return fmt
-    raise CorpusInputError(f"{uri}: cannot tell the format from the name; pass format "
-                           f"(one of {sorted(set(_SUFFIX_FORMATS.values()))})")
+    raise CorpusInputError(
+        f"{uri}: cannot tell the format from the name; pass format (one of {sorted(set(_SUFFIX_FORMATS.values()))})"
+    )
 
 
 def _records(uri: str, data: bytes, fmt: str, column: str) -> Iterator[tuple[int, str | None]]:
@@ -166,8 +182,11 @@ def _jsonl_records(uri: str, text: str, column: str) -> Iterator[tuple[int, str 
 
 def _delimited_records(uri: str, text: str, column: str, tsv: bool) -> Iterator[tuple[int, str]]:
     # TSV corpora carry bare quotes inside sentences: no quoting there; CSV follows RFC 4180.
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t" if tsv else ",",
-                        quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL)
+    reader = csv.reader(
+        io.StringIO(text, newline=""),
+        delimiter="\t" if tsv else ",",
+        quoting=csv.QUOTE_NONE if tsv else csv.QUOTE_MINIMAL,
+    )
     try:
         header = next(reader, None)
         if header is None:
@@ -179,8 +198,7 @@ def _delimited_records(uri: str, text: str, column: str, tsv: bool) -> Iterator[
             if not row:
                 continue
             if len(row) <= position:
-                raise CorpusInputError(f"{uri}: line {reader.line_num} has {len(row)} field(s), "
-                                       f"no {column!r}")
+                raise CorpusInputError(f"{uri}: line {reader.line_num} has {len(row)} field(s), no {column!r}")
             yield reader.line_num, row[position]
     except csv.Error as exc:
         raise CorpusInputError(f"{uri}: malformed at line {reader.line_num} ({exc})") from None

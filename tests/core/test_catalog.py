@@ -20,49 +20,70 @@ HUB_TEACHER = "sentence-transformers/all-mpnet-base-v2"
 
 # -- paths --------------------------------------------------------------------------------------------------
 def test_sentences_prefix_per_writer():
-    assert catalog.sentences_prefix(STORE, Stage.STAGE_CORPUS, DAY) == "s3://bucket/root/sentences/ingest_date=2026-11-30"
-    assert catalog.sentences_prefix(STORE, Stage.AUGMENT, DAY) == "s3://bucket/root/sentences_aug/ingest_date=2026-11-30"
+    assert (
+        catalog.sentences_prefix(STORE, Stage.STAGE_CORPUS, DAY) == "s3://bucket/root/sentences/ingest_date=2026-11-30"
+    )
+    assert (
+        catalog.sentences_prefix(STORE, Stage.AUGMENT, DAY) == "s3://bucket/root/sentences_aug/ingest_date=2026-11-30"
+    )
     assert catalog.SENTENCE_WRITERS == (Stage.STAGE_CORPUS, Stage.AUGMENT)
 
 
 def test_sentences_prefix_on_a_local_store():
-    assert (catalog.sentences_prefix("file:///data/store/", Stage.STAGE_CORPUS, date(2026, 1, 2))
-            == "file:///data/store/sentences/ingest_date=2026-01-02")
+    assert (
+        catalog.sentences_prefix("file:///data/store/", Stage.STAGE_CORPUS, date(2026, 1, 2))
+        == "file:///data/store/sentences/ingest_date=2026-01-02"
+    )
 
 
 def test_teacher_prefix_uses_the_specs_slug():
     assert catalog.slug(HUB_TEACHER) == "all-mpnet-base-v2"
     assert catalog.slug("/models/My Teacher/") == "My_Teacher"
-    assert catalog.teacher_prefix(STORE, HUB_TEACHER, DAY) == "s3://bucket/root/teacher/all-mpnet-base-v2/ingest_date=2026-11-30"
+    assert (
+        catalog.teacher_prefix(STORE, HUB_TEACHER, DAY)
+        == "s3://bucket/root/teacher/all-mpnet-base-v2/ingest_date=2026-11-30"
+    )
     assert catalog.teacher_partition(HUB_TEACHER, DAY) == "all-mpnet-base-v2/ingest_date=2026-11-30"
 
 
 def test_fingerprinted_prefixes_take_its_first_12_chars():
-    assert catalog.pca_prefix(STORE, HUB_TEACHER, "k128-uncentered", FP) == \
-        "s3://bucket/root/pca/all-mpnet-base-v2/k128-uncentered/0123456789ab"
+    assert (
+        catalog.pca_prefix(STORE, HUB_TEACHER, "k128-uncentered", FP)
+        == "s3://bucket/root/pca/all-mpnet-base-v2/k128-uncentered/0123456789ab"
+    )
     assert catalog.student_prefix(STORE, "run-1", FP) == "s3://bucket/root/students/run-1/0123456789ab"
     assert catalog.index_prefix(STORE, "idx", FP) == "s3://bucket/root/indexes/idx/0123456789ab"
     assert catalog.validation_prefix(STORE, "run-1", FP) == "s3://bucket/root/validation/run-1/0123456789ab"
-    assert catalog.quality_results_uri(STORE, DAY, FP) == \
-        "s3://bucket/root/quality/ingest_date=2026-11-30/0123456789ab/results.json"
+    assert (
+        catalog.quality_results_uri(STORE, DAY, FP)
+        == "s3://bucket/root/quality/ingest_date=2026-11-30/0123456789ab/results.json"
+    )
 
 
 def test_unfingerprinted_prefixes():
-    assert catalog.targets_prefix(STORE, HUB_TEACHER, "k64-centered") == \
-        "s3://bucket/root/targets/all-mpnet-base-v2/k64-centered"
+    assert (
+        catalog.targets_prefix(STORE, HUB_TEACHER, "k64-centered")
+        == "s3://bucket/root/targets/all-mpnet-base-v2/k64-centered"
+    )
     assert catalog.checkpoints_prefix(STORE, "run-1") == "s3://bucket/root/students/run-1/checkpoints"
 
 
 def test_manifest_uris():
     key = catalog.partition_key(DAY)
     assert key == "ingest_date=2026-11-30" and catalog.partition_date(key) == DAY
-    assert catalog.manifest_uri(STORE, Stage.STAGE_CORPUS, key) == \
-        "s3://bucket/root/manifests/stage_corpus/ingest_date=2026-11-30.json"
-    assert catalog.manifest_uri(STORE, Stage.FIT_PCA, catalog.pca_key(HUB_TEACHER, "k128-uncentered")) == \
-        "s3://bucket/root/manifests/fit_pca/all-mpnet-base-v2/k128-uncentered.json"
+    assert (
+        catalog.manifest_uri(STORE, Stage.STAGE_CORPUS, key)
+        == "s3://bucket/root/manifests/stage_corpus/ingest_date=2026-11-30.json"
+    )
+    assert (
+        catalog.manifest_uri(STORE, Stage.FIT_PCA, catalog.pca_key(HUB_TEACHER, "k128-uncentered"))
+        == "s3://bucket/root/manifests/fit_pca/all-mpnet-base-v2/k128-uncentered.json"
+    )
     assert catalog.manifests_prefix(STORE, Stage.DISTILL) == "s3://bucket/root/manifests/distill"
-    assert catalog.manifests_prefix(STORE, Stage.ENCODE_TEACHER, "t/ingest_date=2026-11-30") == \
-        "s3://bucket/root/manifests/encode_teacher/t/ingest_date=2026-11-30"
+    assert (
+        catalog.manifests_prefix(STORE, Stage.ENCODE_TEACHER, "t/ingest_date=2026-11-30")
+        == "s3://bucket/root/manifests/encode_teacher/t/ingest_date=2026-11-30"
+    )
 
 
 def test_pointer_uris():
@@ -76,15 +97,19 @@ def test_derived_stem_and_teacher_shard_key():
     assert catalog.derived_stem(shard) == "sentences-part-00003"
     aug = "file:///s/sentences_aug/ingest_date=2026-11-30/part-00000.parquet"
     assert catalog.derived_stem(aug) == "sentences_aug-part-00000"
-    assert catalog.teacher_shard_key(HUB_TEACHER, DAY, shard) == \
-        "all-mpnet-base-v2/ingest_date=2026-11-30/sentences-part-00003"
+    assert (
+        catalog.teacher_shard_key(HUB_TEACHER, DAY, shard)
+        == "all-mpnet-base-v2/ingest_date=2026-11-30/sentences-part-00003"
+    )
 
 
 # -- names --------------------------------------------------------------------------------------------------
 def test_default_names():
     assert catalog.default_pca_name(128, "uncentered") == "k128-uncentered"
-    assert catalog.default_student_run("sentence-transformers/all-MiniLM-L6-v2", None, "k128-uncentered") == \
-        "all-MiniLM-L6-v2-k128-uncentered"
+    assert (
+        catalog.default_student_run("sentence-transformers/all-MiniLM-L6-v2", None, "k128-uncentered")
+        == "all-MiniLM-L6-v2-k128-uncentered"
+    )
     assert catalog.default_student_run("all-MiniLM-L6-v2", 3, "k64-centered") == "all-MiniLM-L6-v2-L3-k64-centered"
 
 
@@ -124,7 +149,10 @@ def test_pointer_compare_and_swap(store_root):
     value, etag = catalog.read_pointer(store_root, Pointer.MODEL)
     assert value == first and etag
     assert json.loads(storage.read_bytes(f"{store_root}/models/current.json")) == {
-        "model_run": "a", "scores": {"STS-B test": 1.0}, "validation": "file:///store/manifests/validate/a.json"}
+        "model_run": "a",
+        "scores": {"STS-B test": 1.0},
+        "validation": "file:///store/manifests/validate/a.json",
+    }
     assert catalog.read_pointer(store_root, Pointer.INDEX) == (None, None)  # the other pointer is apart
 
     with pytest.raises(PointerMoved):  # creating it again: someone else did

@@ -8,10 +8,12 @@ from tasks.core import contracts, datasets, storage
 
 def _embeddings(rows, dim=4, value=0.5, value_type=None):
     value_type = value_type or pa.float32()
-    return pa.table({
-        "sentence_id": pa.array([f"id{i}" for i in range(rows)]),
-        "embedding": pa.array([[value] * dim for _ in range(rows)], pa.list_(value_type, dim)),
-    })
+    return pa.table(
+        {
+            "sentence_id": pa.array([f"id{i}" for i in range(rows)]),
+            "embedding": pa.array([[value] * dim for _ in range(rows)], pa.list_(value_type, dim)),
+        }
+    )
 
 
 def test_every_contract_loads_and_builds_a_schema():

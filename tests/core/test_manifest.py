@@ -11,8 +11,13 @@ def store(tmp_path):
 
 
 def _run(store, params=None, sha="a" * 64):
-    return manifest.StageRun(stage="demo_stage", key="ingest_date=2026-11-30", store=store,
-                             params=params or {"k": 1}, inputs=[manifest.Input("file:///in.txt", sha, 3)])
+    return manifest.StageRun(
+        stage="demo_stage",
+        key="ingest_date=2026-11-30",
+        store=store,
+        params=params or {"k": 1},
+        inputs=[manifest.Input("file:///in.txt", sha, 3)],
+    )
 
 
 def test_published_manifest_validates_and_records_versions(store):
@@ -56,8 +61,11 @@ def test_invalid_manifest_is_not_published(store):
 
 
 def test_credentials_never_reach_the_manifest(store):
-    params = {"source": "s3://AKIAXX:topsecret@bucket/raw", "aws_secret_access_key": "topsecret",
-              "nested": {"password": "hunter2"}}
+    params = {
+        "source": "s3://AKIAXX:topsecret@bucket/raw",
+        "aws_secret_access_key": "topsecret",
+        "nested": {"password": "hunter2"},
+    }
     run = _run(store, params=params)
     run.publish()
     body = storage.read_bytes(run.uri).decode()
@@ -73,12 +81,18 @@ def test_list_keys(store):
 
 def test_parameters_that_merely_mention_tokens_still_count():
     inputs = [manifest.Input("file:///in", "a" * 64)]
-    assert manifest.fingerprint("s", "k", inputs, {"translate_max_tokens": 128}) != \
-        manifest.fingerprint("s", "k", inputs, {"translate_max_tokens": 512})
-    shown = manifest.redact({"translate_max_tokens": 128, "session_token": "abc", "aws_secret_access_key": "x",
-                             "aws_access_key_id": "AKIA"})
-    assert shown == {"translate_max_tokens": 128, "session_token": "***", "aws_secret_access_key": "***",
-                     "aws_access_key_id": "***"}
+    assert manifest.fingerprint("s", "k", inputs, {"translate_max_tokens": 128}) != manifest.fingerprint(
+        "s", "k", inputs, {"translate_max_tokens": 512}
+    )
+    shown = manifest.redact(
+        {"translate_max_tokens": 128, "session_token": "abc", "aws_secret_access_key": "x", "aws_access_key_id": "AKIA"}
+    )
+    assert shown == {
+        "translate_max_tokens": 128,
+        "session_token": "***",
+        "aws_secret_access_key": "***",
+        "aws_access_key_id": "***",
+    }
 
 
 def test_unreadable_manifest_names_its_uri(store):

@@ -12,8 +12,12 @@ def test_already_staged_matches_across_partitions_and_honours_the_exclusion(tmp_
     store = storage.to_uri(str(tmp_path / "store"))
     for day, lines in ((DAY1, ["alpha one", "beta two", "gamma three"]), (DAY2, ["delta four", "epsilon five"])):
         (tmp_path / f"{day}.txt").write_text("\n".join(lines))
-        stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, {
-            "store": store, "source": str(tmp_path / f"{day}.txt"), "ingest_date": day, "shard_rows": 2}))
+        stage_corpus.run(
+            config.parse(
+                stage_corpus.StageCorpusParams,
+                {"store": store, "source": str(tmp_path / f"{day}.txt"), "ingest_date": day, "shard_rows": 2},
+            )
+        )
     ids = {text: sentence_id(text) for text in ("beta two", "epsilon five", "never staged")}
 
     assert already_staged(store, list(ids.values())) == {ids["beta two"], ids["epsilon five"]}

@@ -159,9 +159,7 @@ def test_list_is_sorted_recursive_and_scoped(store_root: str) -> None:
     storage.compare_and_swap(z, b"z2", storage.head(z).etag)
 
     under_a = storage.list_uris(storage.join(store_root, "a"))
-    assert under_a == [
-        storage.join(store_root, n) for n in ["a/0.bin", "a/b/1.bin", "a/b/c/deep.bin", "a/z.bin"]
-    ]
+    assert under_a == [storage.join(store_root, n) for n in ["a/0.bin", "a/b/1.bin", "a/b/c/deep.bin", "a/z.bin"]]
     assert storage.list_uris(store_root + "/") == sorted(storage.join(store_root, n) for n in names)
     assert storage.list_uris(storage.join(store_root, "missing")) == []
 

@@ -21,8 +21,16 @@ def services(tmp_path_factory):
         (home / "raw.tsv").write_text("".join(next(f) for _ in range(41)))
     model = str(build_sentence_model(home / "tiny"))
     store = storage.to_uri(str(home / "store"))
-    running = AirflowServices(home, {"HPD_STORE": store, "HPD_DEFAULT_SOURCE": str(home / "raw.tsv"),
-                                     "HPD_DEFAULT_TEACHER": model, "HPD_DEFAULT_STUDENT": model, "HPD_DEFAULT_K": "8"})
+    running = AirflowServices(
+        home,
+        {
+            "HPD_STORE": store,
+            "HPD_DEFAULT_SOURCE": str(home / "raw.tsv"),
+            "HPD_DEFAULT_TEACHER": model,
+            "HPD_DEFAULT_STUDENT": model,
+            "HPD_DEFAULT_K": "8",
+        },
+    )
     running.start()
     running.store = store
     try:
@@ -43,30 +51,55 @@ def _checksums_agree(store):
 
 def test_two_day_backfill_through_the_rest_api(services):
     conf = {"augment_methods": ["swap"], "dtype": "fp32"}
-    services.request("POST", "/api/v2/backfills", {
-        "dag_id": "hpd_ingest", "from_date": "2026-11-01T00:00:00Z", "to_date": "2026-11-02T00:00:00Z",
-        "max_active_runs": 2, "reprocess_behavior": "none", "run_backwards": False, "dag_run_conf": conf})
+    services.request(
+        "POST",
+        "/api/v2/backfills",
+        {
+            "dag_id": "hpd_ingest",
+            "from_date": "2026-11-01T00:00:00Z",
+            "to_date": "2026-11-02T00:00:00Z",
+            "max_active_runs": 2,
+            "reprocess_behavior": "none",
+            "run_backwards": False,
+            "dag_run_conf": conf,
+        },
+    )
     days = ("2026-11-01", "2026-11-02")
     for day in days:
         assert services.wait_for_run("hpd_ingest", f"backfill__{day}T00:00:00+00:00", timeout=300) == "success"
-    written = [manifest.read(services.store, Stage.STAGE_CORPUS, f"ingest_date={d}").stats["rows_written"]
-               for d in days]
+    written = [
+        manifest.read(services.store, Stage.STAGE_CORPUS, f"ingest_date={d}").stats["rows_written"] for d in days
+    ]
     assert sum(written) == 40  # both days read the same file: each sentence is stored once
     _checksums_agree(services.store)
 
 
 def test_retrain_triggered_through_the_rest_api(services):
-    run = services.request("POST", "/api/v2/dags/hpd_retrain/dagRuns", {
-        "logical_date": None, "conf": {"partitions": ["2026-11-01", "2026-11-02"], "max_steps": 3,
-                                       "batch_size": 16, "amp": "off", "max_regression": 1000.0}})
+    run = services.request(
+        "POST",
+        "/api/v2/dags/hpd_retrain/dagRuns",
+        {
+            "logical_date": None,
+            "conf": {
+                "partitions": ["2026-11-01", "2026-11-02"],
+                "max_steps": 3,
+                "batch_size": 16,
+                "amp": "off",
+                "max_regression": 1000.0,
+            },
+        },
+    )
     assert services.wait_for_run("hpd_retrain", run["dag_run_id"], timeout=400) == "success"
     promoted = json.loads(storage.read_bytes(f"{services.store}/models/current.json"))
     assert manifest.read(services.store, Stage.DISTILL, promoted["model_run"]) is not None
 
 
 def test_a_run_completes_after_the_scheduler_is_killed(services):
-    run = services.request("POST", "/api/v2/dags/hpd_ingest/dagRuns", {
-        "logical_date": "2026-11-05T00:00:00Z", "conf": {"augment_methods": ["swap"], "dtype": "fp32"}})
+    run = services.request(
+        "POST",
+        "/api/v2/dags/hpd_ingest/dagRuns",
+        {"logical_date": "2026-11-05T00:00:00Z", "conf": {"augment_methods": ["swap"], "dtype": "fp32"}},
+    )
     path = f"/api/v2/dags/hpd_ingest/dagRuns/{run['dag_run_id']}/taskInstances"
     deadline = time.monotonic() + 120
     while not any(t["state"] == "running" for t in services.request("GET", path)["task_instances"]):

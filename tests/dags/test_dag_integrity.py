@@ -42,10 +42,12 @@ def test_heavy_libraries_are_imported_inside_tasks():
     import subprocess
     import sys
 
-    probe = ("import sys; from airflow.dag_processing.dagbag import DagBag; "
-             f"bag = DagBag({str(DAGS)!r}); assert not bag.import_errors, bag.import_errors; "
-             "print(sorted(m for m in ('torch', 'transformers', 'faiss', 'great_expectations', 'sklearn', "
-             "'sentence_transformers', 'tasks.ml.encoder', 'tasks.stages.distill') if m in sys.modules))")
+    probe = (
+        "import sys; from airflow.dag_processing.dagbag import DagBag; "
+        f"bag = DagBag({str(DAGS)!r}); assert not bag.import_errors, bag.import_errors; "
+        "print(sorted(m for m in ('torch', 'transformers', 'faiss', 'great_expectations', 'sklearn', "
+        "'sentence_transformers', 'tasks.ml.encoder', 'tasks.stages.distill') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, timeout=120)
     assert out.stdout.strip().splitlines()[-1] == "[]"
 

@@ -25,10 +25,21 @@ DAY = date(2026, 11, 3)
 @pytest.fixture(scope="module")
 def airflow_env(tmp_path_factory):
     home = tmp_path_factory.mktemp("airflow")
-    env = {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
-           "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
-    subprocess.run([str(Path(sys.executable).parent / "airflow"), "db", "migrate"], env=env, check=True,
-                   capture_output=True, timeout=300)
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(home),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "PYTHONPATH": str(ROOT),
+        "HF_HUB_OFFLINE": "1",
+    }
+    subprocess.run(
+        [str(Path(sys.executable).parent / "airflow"), "db", "migrate"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
     return env
 
 
@@ -38,21 +49,39 @@ def inputs(tmp_path_factory):
     with gzip.open(ROOT / "data" / "corpus" / "sentences.tsv.gz", "rt") as f:
         lines = [next(f).rstrip("\n") for _ in range(61)]
     (root / "raw.tsv").write_text("\n".join(lines))
-    return {"source": str(root / "raw.tsv"), "teacher": str(build_sentence_model(root / "teacher")),
-            "student": str(build_sentence_model(root / "student", seed=5))}
+    return {
+        "source": str(root / "raw.tsv"),
+        "teacher": str(build_sentence_model(root / "teacher")),
+        "student": str(build_sentence_model(root / "student", seed=5)),
+    }
 
 
 def _dag_test(airflow_env, dag_id, conf, logical_date=f"{DAY}T00:00:00+00:00"):
     env = {**airflow_env, **{k: v for k, v in os.environ.items() if k.startswith(("AWS_", "HPD_"))}}
-    done = subprocess.run([sys.executable, str(HELPER), dag_id, logical_date, json.dumps(conf)],
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, str(HELPER), dag_id, logical_date, json.dumps(conf)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
 
 
 def _ingest(airflow_env, inputs, store):
-    _dag_test(airflow_env, "hpd_ingest", {"source": inputs["source"], "store": store, "teacher": inputs["teacher"],
-                                          "dtype": "fp32", "augment_methods": ["swap"], "augment_fraction": 0.5,
-                                          "shard_groups": 2})
+    _dag_test(
+        airflow_env,
+        "hpd_ingest",
+        {
+            "source": inputs["source"],
+            "store": store,
+            "teacher": inputs["teacher"],
+            "dtype": "fp32",
+            "augment_methods": ["swap"],
+            "augment_fraction": 0.5,
+            "shard_groups": 2,
+        },
+    )
 
 
 def test_ingest_runs_end_to_end(airflow_env, inputs, store_root):
@@ -72,10 +101,21 @@ def test_demo_chain_runs_every_dag_and_reruns_idempotently(inputs, store_root, t
     from tasks import demo
     from tasks.stages import build_index
 
-    plan = demo.DemoPlan(store=store_root, airflow_home=tmp_path / "airflow", day=DAY, rows=60, k=8,
-                         teacher=inputs["teacher"], student=inputs["student"], teacher_dtype="fp32", amp="off",
-                         extra_conf={"hpd_ingest": {"augment_methods": ["swap"]},
-                                     "hpd_retrain": {"max_steps": 3, "batch_size": 16, "max_regression": 1000.0}})
+    plan = demo.DemoPlan(
+        store=store_root,
+        airflow_home=tmp_path / "airflow",
+        day=DAY,
+        rows=60,
+        k=8,
+        teacher=inputs["teacher"],
+        student=inputs["student"],
+        teacher_dtype="fp32",
+        amp="off",
+        extra_conf={
+            "hpd_ingest": {"augment_methods": ["swap"]},
+            "hpd_retrain": {"max_steps": 3, "batch_size": 16, "max_regression": 1000.0},
+        },
+    )
     walls = demo.run_chain(plan, echo=lambda *a, **k: None)
     assert list(walls) == ["airflow db migrate", "hpd_ingest", "hpd_retrain", "hpd_index", "hpd_quality_report"]
     where = demo.locations(store_root)

@@ -35,8 +35,17 @@ def test_services_ports_and_profiles(tmp_path):
     rendered = _compose("-f", str(COMPOSE), "--profile", "gpu", "config", "--format", "json", tmp_path=tmp_path)
     assert rendered.returncode == 0, rendered.stderr
     services = json.loads(rendered.stdout)["services"]
-    assert {"postgres", "minio", "minio-init", "airflow-init", "api-server", "scheduler", "dag-processor",
-            "triggerer", "scheduler-gpu"} <= set(services)
+    assert {
+        "postgres",
+        "minio",
+        "minio-init",
+        "airflow-init",
+        "api-server",
+        "scheduler",
+        "dag-processor",
+        "triggerer",
+        "scheduler-gpu",
+    } <= set(services)
     for name, service in services.items():
         for port in service.get("ports", []):
             assert port.get("host_ip") == "127.0.0.1", f"{name} publishes a port beyond loopback"
@@ -48,6 +57,8 @@ def test_services_ports_and_profiles(tmp_path):
 def test_images_install_from_the_locks():
     dockerfile = (ROOT / "docker" / "airflow.Dockerfile").read_text()
     assert dockerfile.startswith("#") and "FROM apache/airflow:3.3.2-python3.11" in dockerfile
-    assert "-r /opt/hpd/requirements.lock" in dockerfile and "--require-hashes -r /opt/hpd/requirements-models.lock" \
-        in dockerfile
+    assert (
+        "-r /opt/hpd/requirements.lock" in dockerfile
+        and "--require-hashes -r /opt/hpd/requirements-models.lock" in dockerfile
+    )
     assert "apache-airflow==3.3.2" in (ROOT / "requirements.lock").read_text()

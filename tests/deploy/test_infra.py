@@ -47,8 +47,15 @@ def test_bucket_is_private_encrypted_versioned():
 
 def test_pipeline_policy_is_least_privilege():
     tf = (INFRA / "terraform" / "bucket.tf").read_text()
-    policy = tf[tf.index('data "aws_iam_policy_document" "pipeline"'):tf.index('resource "aws_iam_role_policy"')]
+    policy = tf[tf.index('data "aws_iam_policy_document" "pipeline"') : tf.index('resource "aws_iam_role_policy"')]
     actions = set(re.findall(r'"(s3:[A-Za-z*]+)"', policy))
-    assert actions == {"s3:ListBucket", "s3:ListBucketMultipartUploads", "s3:GetObject", "s3:PutObject",
-                       "s3:DeleteObject", "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"}
+    assert actions == {
+        "s3:ListBucket",
+        "s3:ListBucketMultipartUploads",
+        "s3:GetObject",
+        "s3:PutObject",
+        "s3:DeleteObject",
+        "s3:AbortMultipartUpload",
+        "s3:ListMultipartUploadParts",
+    }
     assert "s3:*" not in policy and '"*"' not in policy

@@ -5,8 +5,13 @@ from sentence_transformers import SentenceTransformer
 from tasks.ml.encoder import SentenceEncoder
 from tests.support.tiny_models import build_sentence_model
 
-TEXTS = ["a short one", "a considerably longer sentence with many more tokens than the others", "mid length text",
-         "x", "another sentence of middling length here"]
+TEXTS = [
+    "a short one",
+    "a considerably longer sentence with many more tokens than the others",
+    "mid length text",
+    "x",
+    "another sentence of middling length here",
+]
 
 
 @pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
@@ -37,15 +42,19 @@ def test_only_missing_weights_that_matter_are_reported(tmp_path, caplog, capfd):
 
     folder = build_sentence_model(tmp_path / "model")
     weights = load_file(folder / "model.safetensors")
-    save_file({k: v for k, v in weights.items() if not k.startswith("pooler.")}, folder / "model.safetensors",
-              metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in weights.items() if not k.startswith("pooler.")},
+        folder / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     with caplog.at_level("WARNING"):
         SentenceEncoder.load(str(folder))
     assert not caplog.records and "pooler" not in capfd.readouterr().err
 
     dropped = next(k for k in weights if "encoder.layer.1" in k)
-    save_file({k: v for k, v in weights.items() if k != dropped}, folder / "model.safetensors",
-              metadata={"format": "pt"})
+    save_file(
+        {k: v for k, v in weights.items() if k != dropped}, folder / "model.safetensors", metadata={"format": "pt"}
+    )
     with caplog.at_level("WARNING"):
         SentenceEncoder.load(str(folder))
     (record,) = caplog.records

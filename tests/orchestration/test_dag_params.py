@@ -19,8 +19,21 @@ from tests.support.paths import DAGS
 # Params that only steer the orchestration (no stage field behind them), by DAG.
 ORCHESTRATION_ONLY = {("hpd_ingest", "shard_groups")}
 # The schema keywords a DAG param must share with its field (checked independently of dag_params._KEPT).
-COMPARED = ("type", "enum", "items", "format", "pattern", "minimum", "maximum", "exclusiveMinimum",
-            "exclusiveMaximum", "minLength", "maxLength", "minItems", "maxItems")
+COMPARED = (
+    "type",
+    "enum",
+    "items",
+    "format",
+    "pattern",
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "minLength",
+    "maxLength",
+    "minItems",
+    "maxItems",
+)
 _MISSING = object()
 _OVERRIDE = re.compile(r"DAG default (?P<dag>.+?) \(stage default (?P<stage>.+?)\): (?P<why>\S.*)$", re.S)
 
@@ -49,8 +62,10 @@ def param_problems(dag_id: str, name: str, param: Param) -> list[str]:
     if model is None or field not in model.model_fields:
         return [f"{where}: {FIELD_KEY} {ref!r} names no stage parameter"]
     expected = field_schema(model, field)
-    return [f"{where}: {problem}" for problem in (_schema_problems(ref, schema, expected, param.value)
-                                                  + _default_problems(ref, param, expected))]
+    return [
+        f"{where}: {problem}"
+        for problem in (_schema_problems(ref, schema, expected, param.value) + _default_problems(ref, param, expected))
+    ]
 
 
 def _schema_problems(ref: str, schema: dict[str, Any], expected: dict[str, Any], default: Any) -> list[str]:
@@ -72,8 +87,10 @@ def _default_problems(ref: str, param: Param, expected: dict[str, Any]) -> list[
     description = param.description or ""
     override = _OVERRIDE.search(description)
     if "stage default" not in description or override is None:
-        return [f"default {default!r} differs from {ref}'s "
-                f"({'required' if stage_default is _MISSING else repr(stage_default)}) with no reason"]
+        return [
+            f"default {default!r} differs from {ref}'s "
+            f"({'required' if stage_default is _MISSING else repr(stage_default)}) with no reason"
+        ]
     if override["dag"] != repr(default):
         return [f"description states DAG default {override['dag']}, the param's is {default!r}"]
     return []
@@ -134,17 +151,22 @@ def test_checker_flags_unknown_fields():
 
 def test_checker_accepts_a_faithful_param():
     assert param_problems("d", "k", _tagged(128, "FitPCAParams.k", type="integer", exclusiveMinimum=0)) == []
-    assert param_problems("d", "n", _tagged(None, "StageCorpusParams.limit", type=["integer", "null"],
-                                            exclusiveMinimum=0)) == []
+    assert (
+        param_problems("d", "n", _tagged(None, "StageCorpusParams.limit", type=["integer", "null"], exclusiveMinimum=0))
+        == []
+    )
 
 
-@pytest.mark.parametrize(("schema", "what"), [
-    ({"type": "number", "exclusiveMinimum": 0}, "type"),
-    ({"type": "integer"}, "exclusiveMinimum"),
-    ({"type": "integer", "minimum": 1}, "minimum"),
-    ({"type": "integer", "exclusiveMinimum": 0, "maximum": 4096}, "maximum"),
-    ({"type": ["integer", "null"], "exclusiveMinimum": 0}, "type"),  # null only with a None default
-])
+@pytest.mark.parametrize(
+    ("schema", "what"),
+    [
+        ({"type": "number", "exclusiveMinimum": 0}, "type"),
+        ({"type": "integer"}, "exclusiveMinimum"),
+        ({"type": "integer", "minimum": 1}, "minimum"),
+        ({"type": "integer", "exclusiveMinimum": 0, "maximum": 4096}, "maximum"),
+        ({"type": ["integer", "null"], "exclusiveMinimum": 0}, "type"),  # null only with a None default
+    ],
+)
 def test_checker_flags_a_drifted_schema(schema, what):
     problems = param_problems("d", "k", _tagged(128, "FitPCAParams.k", **schema))
     assert problems and what in problems[0]
@@ -154,11 +176,14 @@ def test_checker_flags_drifted_enum_pattern_and_items():
     amp = {"type": "string", "enum": ["auto", "off", "bf16"]}
     assert any("enum" in p for p in param_problems("d", "amp", _tagged("auto", "DistillParams.amp", **amp)))
     name = {"type": ["string", "null"], "pattern": "^.*$"}
-    assert any("pattern" in p for p in param_problems("d", "name", _tagged(
-        None, "DistillParams.name", "x. DAG default None (stage default ''): why", **name)))
+    assert any(
+        "pattern" in p
+        for p in param_problems(
+            "d", "name", _tagged(None, "DistillParams.name", "x. DAG default None (stage default ''): why", **name)
+        )
+    )
     items = {"type": "array", "items": {"type": "string"}, "minItems": 1}
-    assert any("items" in p for p in param_problems("d", "m", _tagged(["wordnet"], "AugmentParams.methods",
-                                                                       **items)))
+    assert any("items" in p for p in param_problems("d", "m", _tagged(["wordnet"], "AugmentParams.methods", **items)))
 
 
 def test_checker_wants_a_reason_for_another_default():
@@ -194,8 +219,10 @@ def test_stage_param_keeps_the_stage_default_without_a_reason():
 def test_stage_param_description_states_the_stage_default_and_why():
     param = stage_param(StageCorpusParams, "column", "sentence", "the corpus's column")
     assert param.value == "sentence"
-    assert param.description == ("text field (JSONL) or column (CSV/TSV/Parquet). "
-                                 "DAG default 'sentence' (stage default 'text'): the corpus's column")
+    assert param.description == (
+        "text field (JSONL) or column (CSV/TSV/Parquet). "
+        "DAG default 'sentence' (stage default 'text'): the corpus's column"
+    )
     required = stage_param(StageCorpusParams, "source", "data/x.tsv", "the demo's corpus")
     assert "(stage default none: required): the demo's corpus" in required.description
     computed = stage_param(StageParams, "store", None, "empty: $HPD_STORE")

@@ -11,16 +11,22 @@ from tasks.stages import augment, stage_corpus
 from tests.support.tiny_models import build_marian
 
 DAY = date(2026, 11, 1)
-ORIGINALS = ["The quick brown fox jumps over the lazy dog", "A large house stands near the old river",
-             "Students read interesting books in the quiet library", "alpha beta", "beta alpha",
-             "Markets rallied after the central bank cut interest rates"]
+ORIGINALS = [
+    "The quick brown fox jumps over the lazy dog",
+    "A large house stands near the old river",
+    "Students read interesting books in the quiet library",
+    "alpha beta",
+    "beta alpha",
+    "Markets rallied after the central bank cut interest rates",
+]
 
 
 def _stage(store, tmp_path, texts=ORIGINALS):
     source = tmp_path / "raw.txt"
     source.write_text("\n".join(texts))
-    stage_corpus.run(config.parse(stage_corpus.StageCorpusParams,
-                                  {"store": store, "source": str(source), "ingest_date": DAY}))
+    stage_corpus.run(
+        config.parse(stage_corpus.StageCorpusParams, {"store": store, "source": str(source), "ingest_date": DAY})
+    )
 
 
 def _run(store, **extra):
@@ -40,8 +46,10 @@ def store(store_root, tmp_path):
 
 @pytest.fixture
 def originals(store):
-    return {r["sentence_id"]: r["text"] for r in
-            pa.concat_tables([storage.read_parquet(u) for u in sentences.shards(store, DAY)]).to_pylist()}
+    return {
+        r["sentence_id"]: r["text"]
+        for r in pa.concat_tables([storage.read_parquet(u) for u in sentences.shards(store, DAY)]).to_pylist()
+    }
 
 
 def test_wordnet_replaces_content_words_with_real_synonyms(store, originals):
@@ -54,8 +62,13 @@ def test_wordnet_replaces_content_words_with_real_synonyms(store, originals):
         assert row["text"] != parent and row["sentence_id"] == sentences.sentence_id(row["text"])
         assert json.loads(row["aug_params"]) == {"synonym_rate": 0.5, "wordnet": "3.0"}
         assert row["source"].startswith(f"{store}/sentences/ingest_date=2026-11-01/")
-        synonym_words = {part.lower() for word in parent.lower().split() for synset in reader.synsets(word)
-                         for lemma in synset.lemma_names() for part in lemma.split("_")}
+        synonym_words = {
+            part.lower()
+            for word in parent.lower().split()
+            for synset in reader.synsets(word)
+            for lemma in synset.lemma_names()
+            for part in lemma.split("_")
+        }
         new_words = set(row["text"].lower().split()) - set(parent.lower().split())
         assert new_words and new_words <= synonym_words
     assert result.stats["by_method"]["wordnet"]["written"] == len(rows)
@@ -103,8 +116,13 @@ def test_back_translation_with_local_marian_models(store, tmp_path, originals):
     corpus = ORIGINALS * 20
     forward = build_marian(tmp_path / "en-xx", corpus, seed=1)
     backward = build_marian(tmp_path / "xx-en", corpus, seed=2)
-    params = {"methods": ["back_translation"], "translate_forward": str(forward), "translate_backward": str(backward),
-              "translate_batch_size": 4, "translate_max_tokens": 12}
+    params = {
+        "methods": ["back_translation"],
+        "translate_forward": str(forward),
+        "translate_backward": str(backward),
+        "translate_batch_size": 4,
+        "translate_max_tokens": 12,
+    }
     result = _run(store, **params)
     rows = _rows(store)
     stats = result.stats["by_method"]["back_translation"]

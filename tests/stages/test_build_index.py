@@ -11,17 +11,32 @@ from tasks.stages import build_index, distill
 from tests.support.projected_store import PCA_NAME, projected_store
 
 DAY = date(2026, 11, 1)
-TEXTS = [f"sentence {i} about {topic} and {i % 13}" for i, topic in
-         enumerate(["cats", "markets", "rain", "music", "football", "trains"] * 50)]
+TEXTS = [
+    f"sentence {i} about {topic} and {i % 13}"
+    for i, topic in enumerate(["cats", "markets", "rain", "music", "football", "trains"] * 50)
+]
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
     """A store with 300 staged sentences and a distilled tiny student (k=8) published as run 'tiny'."""
     prepared = projected_store(tmp_path_factory.mktemp("index"), TEXTS, DAY, shard_rows=120)
-    distill.run(config.parse(distill.DistillParams, {
-        "store": prepared["store"], "teacher": prepared["teacher"], "student": prepared["student"],
-        "pca_name": PCA_NAME, "max_steps": 2, "batch_size": 16, "val_fraction": 0.1, "name": "tiny", "threads": 1}))
+    distill.run(
+        config.parse(
+            distill.DistillParams,
+            {
+                "store": prepared["store"],
+                "teacher": prepared["teacher"],
+                "student": prepared["student"],
+                "pca_name": PCA_NAME,
+                "max_steps": 2,
+                "batch_size": 16,
+                "val_fraction": 0.1,
+                "name": "tiny",
+                "threads": 1,
+            },
+        )
+    )
     return prepared["store"]
 
 
@@ -47,12 +62,15 @@ def test_flat_index_is_exact_promoted_and_searchable(store, capsys):
     assert _build(store, index_type="flat", name="flat").skipped
 
 
-@pytest.mark.parametrize(("index_type", "extra", "factory"), [
-    ("hnsw", {"hnsw_m": 8}, "HNSW8,Flat"),
-    ("ivf_flat", {"nlist": 4, "nprobe": 4}, "IVF4,Flat"),
-    ("ivf_pq", {"nlist": 4, "nprobe": 4, "pq_m": 4, "pq_bits": 4}, "IVF4,PQ4x4"),
-    ("flat", {"sq8": True}, "SQ8"),
-])
+@pytest.mark.parametrize(
+    ("index_type", "extra", "factory"),
+    [
+        ("hnsw", {"hnsw_m": 8}, "HNSW8,Flat"),
+        ("ivf_flat", {"nlist": 4, "nprobe": 4}, "IVF4,Flat"),
+        ("ivf_pq", {"nlist": 4, "nprobe": 4, "pq_m": 4, "pq_bits": 4}, "IVF4,PQ4x4"),
+        ("flat", {"sq8": True}, "SQ8"),
+    ],
+)
 def test_index_types(store, index_type, extra, factory):
     result = _build(store, index_type=index_type, name=f"t-{index_type}-{len(extra)}", promote=False, **extra)
     stats = result.stats
@@ -109,8 +127,9 @@ def _index_pointer(index_uri: str, ids_uri: str) -> IndexPointer:
 
 def test_a_pointer_naming_a_missing_index_is_a_clear_error(tmp_path, store):
     other = storage.to_uri(str(tmp_path / "other"))
-    ids = next(o.uri for o in _build(store, index_type="flat", name="gone", promote=False).outputs
-               if o.contract == "index_ids")
+    ids = next(
+        o.uri for o in _build(store, index_type="flat", name="gone", promote=False).outputs if o.contract == "index_ids"
+    )
     catalog.move_pointer(other, _index_pointer(f"{other}/indexes/gone/index.faiss", ids), None)
     with pytest.raises(build_index.IndexBuildError, match="gone/index.faiss, which does not exist"):
         build_index.search(other, "anything")
@@ -135,8 +154,9 @@ def test_the_promoted_student_is_the_default(store, tmp_path):
     with pytest.raises(build_index.IndexBuildError, match="no promoted model"):
         build_index.run(config.parse(build_index.BuildIndexParams, {"store": store, "promote": False}))
     catalog.move_pointer(store, ModelPointer("tiny", {}, f"{store}/manifests/validate/tiny.json"), None)
-    result = build_index.run(config.parse(build_index.BuildIndexParams,
-                                          {"store": store, "promote": False, "name": "from-promoted"}))
+    result = build_index.run(
+        config.parse(build_index.BuildIndexParams, {"store": store, "promote": False, "name": "from-promoted"})
+    )
     assert result.manifest.params["model_run"] == "tiny"
     storage.delete(f"{store}/models/current.json")
 
@@ -146,8 +166,9 @@ def test_an_index_of_another_dimension_is_refused(store, tmp_path):
     import numpy as np
 
     other = storage.to_uri(str(tmp_path / "other"))
-    ids = next(o.uri for o in _build(store, index_type="flat", name="dim", promote=False).outputs
-               if o.contract == "index_ids")
+    ids = next(
+        o.uri for o in _build(store, index_type="flat", name="dim", promote=False).outputs if o.contract == "index_ids"
+    )
     wrong = faiss.IndexFlatIP(5)
     wrong.add(np.eye(5, dtype=np.float32))
     storage.write_bytes(f"{other}/indexes/wrong/index.faiss", faiss.serialize_index(wrong).tobytes())

@@ -33,9 +33,19 @@ def prepared(tmp_path_factory):
 
 
 def _values(prepared, **extra):
-    return {"store": prepared["store"], "teacher": prepared["teacher"], "student": prepared["student"],
-            "pca_name": PCA_NAME, "batch_size": 16, "lr": 1e-3, "val_fraction": 0.15, "eval_every": 5,
-            "checkpoint_every": 1000, "threads": 1, **extra}
+    return {
+        "store": prepared["store"],
+        "teacher": prepared["teacher"],
+        "student": prepared["student"],
+        "pca_name": PCA_NAME,
+        "batch_size": 16,
+        "lr": 1e-3,
+        "val_fraction": 0.15,
+        "eval_every": 5,
+        "checkpoint_every": 1000,
+        "threads": 1,
+        **extra,
+    }
 
 
 def _params(prepared, **extra):
@@ -73,8 +83,13 @@ def test_training_lowers_validation_mse_and_exports(prepared):
     assert stats["final"]["val_mse"] < stats["initial"]["val_mse"]
     assert stats["best_val_mse"] <= stats["final"]["val_mse"]
     outputs = {o.uri.split("/students/lowers/")[1].split("/", 1)[1] for o in result.outputs}
-    assert {"model/modules.json", "model/2_Dense/config.json", "model/README.md", "losses.jsonl",
-            "metrics.json"} <= outputs
+    assert {
+        "model/modules.json",
+        "model/2_Dense/config.json",
+        "model/README.md",
+        "losses.jsonl",
+        "metrics.json",
+    } <= outputs
     losses = storage.read_bytes(_run_file(prepared["store"], "lowers", "losses.jsonl")).decode().splitlines()
     assert len(losses) == stats["steps"]
     assert distill.run(_params(prepared, init="random", epochs=3, name="lowers")).skipped
@@ -95,7 +110,7 @@ def test_exported_model_loads_in_sentence_transformers(prepared, tmp_path):
     folder = tmp_path / "export"
     prefix = student.exported_prefix(prepared["store"], "export") + "/"
     for uri in storage.list_uris(prefix):
-        path = folder / uri[len(prefix):]
+        path = folder / uri[len(prefix) :]
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(storage.read_bytes(uri))
     texts = ["A man is playing a guitar.", "Stocks fell sharply on Monday.", "short", "x y z " * 20]
@@ -111,8 +126,9 @@ def test_killed_run_resumes_to_the_same_weights(prepared):
     straight = distill.run(config.parse(distill.DistillParams, {**values, "name": "straight"}))
     killed = {**values, "name": "killed"}
     latest = f"{prepared['store']}/students/killed/checkpoints/latest.json"
-    child = subprocess.Popen([sys.executable, str(HELPER), json.dumps(killed)],
-                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    child = subprocess.Popen(
+        [sys.executable, str(HELPER), json.dumps(killed)], env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
     deadline = time.monotonic() + 120
     while not (storage.exists(latest) and json.loads(storage.read_bytes(latest))["step"] >= 6):
         assert child.poll() is None, "the run ended before it could be killed"
@@ -140,9 +156,26 @@ def test_two_process_ddp_matches_single_process(prepared):
     hpd = Path(sys.executable).parent / "hpd"
     args = [f"--{k.replace('_', '-')}={v}" for k, v in _values(prepared, name="ddp", **common).items()]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--nnodes=1",
-                          "--master-addr=127.0.0.1", f"--master-port={_free_port()}", "--no-python", str(hpd),
-                          "distill", *args, "--quiet"], env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node=2",
+            "--nnodes=1",
+            "--master-addr=127.0.0.1",
+            f"--master-port={_free_port()}",
+            "--no-python",
+            str(hpd),
+            "distill",
+            *args,
+            "--quiet",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = json.loads(storage.read_bytes(_run_file(prepared["store"], "ddp", "metrics.json")))
     assert metrics["world_size"] == 2
@@ -154,8 +187,9 @@ def test_corrupted_checkpoint_is_named_and_nothing_is_published(prepared):
     values = _values(prepared, max_steps=6, checkpoint_every=3, name="corrupt")
     params = config.parse(distill.DistillParams, values)
     store = prepared["store"]
-    child = subprocess.Popen([sys.executable, str(HELPER), json.dumps(values)],
-                             env={**os.environ, "PYTHONPATH": str(REPO)})
+    child = subprocess.Popen(
+        [sys.executable, str(HELPER), json.dumps(values)], env={**os.environ, "PYTHONPATH": str(REPO)}
+    )
     latest = f"{store}/students/corrupt/checkpoints/latest.json"
     deadline = time.monotonic() + 120
     while not storage.exists(latest):
@@ -203,8 +237,10 @@ def test_an_epoch_ending_in_validation_only_shards_moves_on(prepared, tmp_path):
         targets_uri = storage.to_uri(str(tmp_path / f"{name}-targets.parquet"))
         storage.write_parquet(sentences_uri, pa.table({"sentence_id": ids, "text": [f"text {i}" for i in ids]}))
         values = np.random.default_rng(0).uniform(-0.1, 0.1, (len(ids), 8)).astype(np.float32)
-        storage.write_parquet(targets_uri, pa.table({
-            "sentence_id": ids, "target": pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), 8)}))
+        storage.write_parquet(
+            targets_uri,
+            pa.table({"sentence_id": ids, "target": pa.FixedSizeListArray.from_arrays(pa.array(values.ravel()), 8)}),
+        )
         pairs.append(ShardPair(sentences_uri, targets_uri, ("", ""), len(ids)))
     data = TrainingData(pairs, seed=0, val_fraction=0.5, val_max_rows=10)
     assert data.train_rows == 8 and len(data.val_texts) == 4

@@ -33,13 +33,18 @@ def _corpus_lines(n):
 def _stage(store, tmp_path, n=40, shard_rows=10):
     source = tmp_path / "raw.txt"
     source.write_text("\n".join(_corpus_lines(n)))
-    stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, {
-        "store": store, "source": str(source), "ingest_date": DAY, "shard_rows": shard_rows}))
+    stage_corpus.run(
+        config.parse(
+            stage_corpus.StageCorpusParams,
+            {"store": store, "source": str(source), "ingest_date": DAY, "shard_rows": shard_rows},
+        )
+    )
 
 
 def _params(store, model, **extra):
-    return config.parse(encode_teacher.EncodeTeacherParams,
-                        {"store": store, "teacher": str(model), "ingest_date": DAY, **extra})
+    return config.parse(
+        encode_teacher.EncodeTeacherParams, {"store": store, "teacher": str(model), "ingest_date": DAY, **extra}
+    )
 
 
 @pytest.fixture(scope="module")
@@ -129,8 +134,9 @@ def test_killed_run_resumes_to_byte_identical_shards(tmp_path, tiny_model):
     stop, seen, problems = threading.Event(), {}, []
     watcher = threading.Thread(target=_watch_for_partial_shards, args=(teacher_prefix, stop, seen, problems))
     watcher.start()
-    child = subprocess.Popen([sys.executable, str(HELPER), stores["killed"], str(tiny_model), DAY.isoformat(), "0.3"],
-                             env=env)
+    child = subprocess.Popen(
+        [sys.executable, str(HELPER), stores["killed"], str(tiny_model), DAY.isoformat(), "0.3"], env=env
+    )
     try:
         deadline = time.monotonic() + 120
         while len(manifest.list_keys(stores["killed"], "encode_teacher")) < 3:
@@ -164,12 +170,14 @@ def test_real_teacher_matches_sentence_transformers(store, tmp_path):
 
     _stage(store, tmp_path, n=200, shard_rows=100)
     encode_teacher.run(_params(store, models.DEFAULT_TEACHER))
-    ours = pa.concat_tables([storage.read_parquet(u)
-                             for u in encode_teacher.output_shards(store, models.DEFAULT_TEACHER, DAY)])
+    ours = pa.concat_tables(
+        [storage.read_parquet(u) for u in encode_teacher.output_shards(store, models.DEFAULT_TEACHER, DAY)]
+    )
     staged = pa.concat_tables([storage.read_parquet(u) for u in sentences.shards(store, DAY)])
     assert ours.column("sentence_id").to_pylist() == staged.column("sentence_id").to_pylist()
     reference = SentenceTransformer(str(models.resolve(models.DEFAULT_TEACHER)), device="cpu").encode(
-        staged.column("text").to_pylist())
+        staged.column("text").to_pylist()
+    )
     embeddings = np.array(ours.column("embedding").to_pylist(), dtype=np.float32)
     assert embeddings.shape == (200, 768)
     cosine = (embeddings * reference).sum(1) / np.linalg.norm(embeddings, axis=1) / np.linalg.norm(reference, axis=1)

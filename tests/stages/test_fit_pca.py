@@ -43,9 +43,12 @@ def test_agrees_with_scikit_learn(store, embeddings, mode):
     np.testing.assert_allclose(projection.mean, reference.mean_, atol=1e-5)
     assert projection.mode == mode and projection.rows == 3000
 
-    targets = np.concatenate([
-        np.array(storage.read_parquet(uri).column("target").to_pylist())
-        for uri in fit_pca.target_shards(store, TEACHER, f"k6-{mode}")])
+    targets = np.concatenate(
+        [
+            np.array(storage.read_parquet(uri).column("target").to_pylist())
+            for uri in fit_pca.target_shards(store, TEACHER, f"k6-{mode}")
+        ]
+    )
     expected = reference.transform(embeddings) if mode == "centered" else embeddings @ reference.components_.T
     np.testing.assert_allclose(np.abs(targets), np.abs(expected), atol=1e-4)
     assert result.stats["rows_fitted"] == 3000

@@ -19,8 +19,12 @@ def _sentences(ids, texts):
 def _embeddings(vectors, ids=None, dim=None):
     vectors = np.asarray(vectors, dtype=np.float32)
     ids = ids or [f"{i:032d}" for i in range(len(vectors))]
-    return pa.table({"sentence_id": ids, "embedding": pa.FixedSizeListArray.from_arrays(
-        pa.array(vectors.ravel()), dim or vectors.shape[1])})
+    return pa.table(
+        {
+            "sentence_id": ids,
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), dim or vectors.shape[1]),
+        }
+    )
 
 
 def test_clean_sentences_pass():
@@ -29,11 +33,14 @@ def test_clean_sentences_pass():
     assert result["rows"] == 2 and all(e["success"] for e in result["expectations"])
 
 
-@pytest.mark.parametrize(("table", "expectation", "bad_row"), [
-    (_sentences(["a" * 32, "a" * 32], ["x", "y"]), "expect_column_values_to_be_unique", "'text': 'x'"),
-    (_sentences(["a" * 32, "b" * 32], ["x", None]), "expect_column_values_to_not_be_null", "'sentence_id': 'bbbb"),
-    (_sentences(["a" * 32, "b" * 32], ["x", "y" * 50]), "expect_column_values_to_be_between", "'text_length': 50"),
-])
+@pytest.mark.parametrize(
+    ("table", "expectation", "bad_row"),
+    [
+        (_sentences(["a" * 32, "a" * 32], ["x", "y"]), "expect_column_values_to_be_unique", "'text': 'x'"),
+        (_sentences(["a" * 32, "b" * 32], ["x", None]), "expect_column_values_to_not_be_null", "'sentence_id': 'bbbb"),
+        (_sentences(["a" * 32, "b" * 32], ["x", "y" * 50]), "expect_column_values_to_be_between", "'text_length': 50"),
+    ],
+)
 def test_injected_bad_sentences_are_caught(table, expectation, bad_row):
     with pytest.raises(quality.QualityError) as err:
         quality.check("sentences", table, "file:///bad.parquet", max_chars=20)
@@ -47,11 +54,14 @@ def _unit(rows, dim, seed=0):
     return x / np.linalg.norm(x, axis=1, keepdims=True)
 
 
-@pytest.mark.parametrize(("vectors", "dim", "expectation"), [
-    (np.vstack([_unit(3, 4), [[math.nan, 0, 0, 1]]]), 4, "'finite'"),
-    (_unit(4, 4), 3, "'dim'"),
-    (np.vstack([_unit(3, 4), [[3.0, 0, 0, 0]]]), 4, "'norm'"),
-])
+@pytest.mark.parametrize(
+    ("vectors", "dim", "expectation"),
+    [
+        (np.vstack([_unit(3, 4), [[math.nan, 0, 0, 1]]]), 4, "'finite'"),
+        (_unit(4, 4), 3, "'dim'"),
+        (np.vstack([_unit(3, 4), [[3.0, 0, 0, 0]]]), 4, "'norm'"),
+    ],
+)
 def test_injected_bad_embeddings_are_caught(vectors, dim, expectation):
     settings = {"dim": dim, "min_norm": 0.5, "max_norm": 1.5}
     with pytest.raises(quality.QualityError, match=expectation):
@@ -60,11 +70,16 @@ def test_injected_bad_embeddings_are_caught(vectors, dim, expectation):
 
 def test_duplicate_embedding_ids_and_collapsed_targets():
     with pytest.raises(quality.QualityError, match="expect_column_values_to_be_unique"):
-        quality.check("embeddings", _embeddings(_unit(2, 4), ids=["x", "x"]), "file:///e", dim=4, min_norm=0.5,
-                      max_norm=1.5)
+        quality.check(
+            "embeddings", _embeddings(_unit(2, 4), ids=["x", "x"]), "file:///e", dim=4, min_norm=0.5, max_norm=1.5
+        )
     targets = np.column_stack([np.random.default_rng(0).normal(size=50), np.full(50, 0.25)])
-    table = pa.table({"sentence_id": [str(i) for i in range(50)],
-                      "target": pa.FixedSizeListArray.from_arrays(pa.array(targets.ravel().astype(np.float32)), 2)})
+    table = pa.table(
+        {
+            "sentence_id": [str(i) for i in range(50)],
+            "target": pa.FixedSizeListArray.from_arrays(pa.array(targets.ravel().astype(np.float32)), 2),
+        }
+    )
     with pytest.raises(quality.QualityError, match="'dimension': 1"):
         quality.check("targets", table, "file:///t", min_variance=1e-8)
 
@@ -72,8 +87,9 @@ def test_duplicate_embedding_ids_and_collapsed_targets():
 def test_the_stage_checks_a_partition(store_root, tmp_path):
     source = tmp_path / "raw.txt"
     source.write_text("first sentence\nsecond sentence\n")
-    stage_corpus.run(config.parse(stage_corpus.StageCorpusParams,
-                                  {"store": store_root, "source": str(source), "ingest_date": DAY}))
+    stage_corpus.run(
+        config.parse(stage_corpus.StageCorpusParams, {"store": store_root, "source": str(source), "ingest_date": DAY})
+    )
     params = config.parse(quality.QualityParams, {"store": store_root, "ingest_date": DAY, "teacher": None})
     result = quality.run(params)
     assert result.stats == {"checks": 1, "rows": 2, "passed": True}

@@ -56,8 +56,9 @@ def test_second_partition_stores_repeated_sentences_once(store, tmp_path):
     (tmp_path / "day1.txt").write_text("alpha one\nbeta two\ngamma three\n")
     (tmp_path / "day2.txt").write_text("beta two\ndelta four\n  gamma   three \n")
     run(_params(store, tmp_path / "day1.txt"))
-    second = run(config.parse(StageCorpusParams, {"store": store, "source": str(tmp_path / "day2.txt"),
-                                                  "ingest_date": DAY2}))
+    second = run(
+        config.parse(StageCorpusParams, {"store": store, "source": str(tmp_path / "day2.txt"), "ingest_date": DAY2})
+    )
     assert [r["text"] for r in _staged_rows(store, DAY2)] == ["delta four"]
     assert second.stats["dropped"]["already_staged"] == 2
 
@@ -71,8 +72,7 @@ def test_rows_keep_provenance_and_normalised_text(store, tmp_path):
     assert rows[0]["sentence_id"] == sentence_id("Caf\u00e9 au lait")
     assert rows[0]["source"] == storage.to_uri(str(source))
     assert rows[0]["ingest_date"] == DAY1 and rows[0]["parent_id"] is None
-    assert result.stats["dropped"] == {"empty": 2, "too_long": 1, "duplicate_in_input": 1,
-                                                   "already_staged": 0}
+    assert result.stats["dropped"] == {"empty": 2, "too_long": 1, "duplicate_in_input": 1, "already_staged": 0}
 
 
 @pytest.mark.parametrize("name", ["s.txt.gz", "s.jsonl", "s.csv", "s.tsv", "s.parquet"])

@@ -16,10 +16,23 @@ def store(tmp_path_factory):
     """Staged + encoded + projected (k=8) corpus and two distilled tiny students, 'good' and 'short'."""
     prepared = projected_store(tmp_path_factory.mktemp("validate"), corpus_lines(300), DAY, shard_rows=150)
     for name, steps in (("good", 20), ("short", 1)):
-        distill.run(config.parse(distill.DistillParams, {
-            "store": prepared["store"], "teacher": prepared["teacher"], "student": prepared["student"],
-            "pca_name": PCA_NAME, "max_steps": steps, "batch_size": 16, "lr": 1e-3, "val_fraction": 0.1,
-            "name": name, "threads": 1}))
+        distill.run(
+            config.parse(
+                distill.DistillParams,
+                {
+                    "store": prepared["store"],
+                    "teacher": prepared["teacher"],
+                    "student": prepared["student"],
+                    "pca_name": PCA_NAME,
+                    "max_steps": steps,
+                    "batch_size": 16,
+                    "lr": 1e-3,
+                    "val_fraction": 0.1,
+                    "name": name,
+                    "threads": 1,
+                },
+            )
+        )
     return prepared["store"]
 
 
@@ -29,8 +42,10 @@ def _validate(store, **extra):
 
 def test_first_run_compares_with_the_baseline_and_promotes(store, tmp_path):
     pairs = tmp_path / "pairs.csv"
-    pairs.write_text("sentence1,sentence2,score\nA cat sleeps.,A cat is sleeping.,5\nA cat sleeps.,Stocks fell.,0\n"
-                     "Rain today.,It rains today.,4\n")
+    pairs.write_text(
+        "sentence1,sentence2,score\nA cat sleeps.,A cat is sleeping.,5\nA cat sleeps.,Stocks fell.,0\n"
+        "Rain today.,It rains today.,4\n"
+    )
     result = _validate(store, model_run="good", pair_files=[str(pairs)], max_regression=100.0)
     stats = result.stats
     assert set(stats["sts"]) == {"teacher", "teacher + PCA", "student", "baseline (base model + PCA)"}
@@ -38,9 +53,12 @@ def test_first_run_compares_with_the_baseline_and_promotes(store, tmp_path):
     assert all(-100 <= v <= 100 for row in stats["sts"].values() for v in row.values())
     assert 0 <= stats["retrieval"]["recall_at_10_vs_teacher"] <= 1 and 0 < stats["retrieval"]["mrr_stsb_ge4"] <= 1
     assert stats["fidelity"]["val_mse"] > 0
-    assert stats["gate"] == {"passed": True, "reasons": ["all checks passed"], "reference": "baseline",
-                             "reference_scores": {k: stats["sts"]["baseline (base model + PCA)"][k]
-                                                  for k in validate.GATED}}
+    assert stats["gate"] == {
+        "passed": True,
+        "reasons": ["all checks passed"],
+        "reference": "baseline",
+        "reference_scores": {k: stats["sts"]["baseline (base model + PCA)"][k] for k in validate.GATED},
+    }
     current = json.loads(storage.read_bytes(catalog.pointer_uri(store, Pointer.MODEL)))
     assert current["model_run"] == "good" and current["scores"] == stats["sts"]["student"]
     assert _validate(store, model_run="good", pair_files=[str(pairs)], max_regression=100.0).skipped
@@ -66,10 +84,13 @@ def test_gate_rules_by_hand():
     assert not bad["passed"] and len(bad["reasons"]) == 3
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ("first,second,score\na,b,1\n", "missing \\['sentence1', 'sentence2'\\]"),
-    ("sentence1,sentence2,score\na,b,high\n", "line 2: score 'high' is not a number"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("first,second,score\na,b,1\n", "missing \\['sentence1', 'sentence2'\\]"),
+        ("sentence1,sentence2,score\na,b,high\n", "line 2: score 'high' is not a number"),
+    ],
+)
 def test_bad_pair_files_are_named(tmp_path, content, message):
     path = tmp_path / "pairs.csv"
     path.write_text(content)
@@ -92,24 +113,38 @@ def test_report_renders_offline_in_headless_chromium(store, tmp_path):
     from tasks.stages import quality
 
     teacher = manifest.read(store, "distill", "good").params["teacher"]
-    quality.run(config.parse(quality.QualityParams, {"store": store, "ingest_date": DAY, "teacher": teacher,
-                                                     "pca_name": PCA_NAME}))
+    quality.run(
+        config.parse(
+            quality.QualityParams, {"store": store, "ingest_date": DAY, "teacher": teacher, "pca_name": PCA_NAME}
+        )
+    )
     result = _validate(store, model_run="good", max_regression=100.0, promote=False, retrieval_sample=120)
     page_uri = next(o.uri for o in result.outputs if o.uri.endswith("report.html"))
     page = storage.read_bytes(page_uri).decode()
     assert "http://" not in page and "https://" not in page  # nothing to fetch: it works offline
     path = tmp_path / "report.html"
     path.write_text(page)
-    flags = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-             "--disable-background-networking", "--disable-component-update", "--disable-sync",
-             f"--user-data-dir={tmp_path / 'profile'}", "--window-size=1200,2400"]
+    flags = [
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={tmp_path / 'profile'}",
+        "--window-size=1200,2400",
+    ]
     shot = tmp_path / "shot.png"
-    subprocess.run(["chromium", *flags, f"--screenshot={shot}", path.as_uri()], check=True, capture_output=True,
-                   timeout=120)
+    subprocess.run(
+        ["chromium", *flags, f"--screenshot={shot}", path.as_uri()], check=True, capture_output=True, timeout=120
+    )
     pixels = np.asarray(Image.open(shot).convert("L"), dtype=np.float64)
     assert pixels.std() > 10 and (pixels < 200).mean() > 0.02  # not blank: text, tables and plots drawn
-    dom = subprocess.run(["chromium", *flags, "--dump-dom", path.as_uri()], check=True, capture_output=True,
-                         text=True, timeout=120).stdout
+    dom = subprocess.run(
+        ["chromium", *flags, "--dump-dom", path.as_uri()], check=True, capture_output=True, text=True, timeout=120
+    ).stdout
     assert dom.count("<table") >= 3 and dom.count('src="data:image/png;base64,') == 4
     assert "Quality gate" in dom and "STS-B test" in dom and "Lineage" in dom
     assert dom.count(">5/5<") == 2 and ">4/4<" in dom  # the sentences shards' and embeddings' suites all passed

@@ -30,14 +30,21 @@ class AirflowServices:
         self.home, self.port = home, free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.airflow = str(Path(sys.executable).parent / "airflow")
-        self.env = {**os.environ, **extra_env, "AIRFLOW_HOME": str(home),
-                    "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                    "AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "AIRFLOW__CORE__PARALLELISM": "2",
-                    "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-                    "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
-                    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-                    "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "15",
-                    "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
+        self.env = {
+            **os.environ,
+            **extra_env,
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "2",
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "15",
+            "PYTHONPATH": str(ROOT),
+            "HF_HUB_OFFLINE": "1",
+        }
         self.processes: dict[str, subprocess.Popen] = {}
         self.token = ""
 
@@ -56,14 +63,20 @@ class AirflowServices:
         else:
             raise RuntimeError(f"api-server on {self.url} did not answer")
         passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
-        self.token = self.request("POST", "/auth/token", {"username": "admin", "password": passwords["admin"]},
-                                  auth=False)["access_token"]
+        self.token = self.request(
+            "POST", "/auth/token", {"username": "admin", "password": passwords["admin"]}, auth=False
+        )["access_token"]
 
     def start_one(self, name: str, args: list[str]) -> None:
         with open(self.home / f"{name}.log", "ab") as log:
-            self.processes[name] = subprocess.Popen([self.airflow, *args], env=self.env, stdout=log,
-                                                    stderr=subprocess.STDOUT, start_new_session=True,
-                                                    cwd=self.home)
+            self.processes[name] = subprocess.Popen(
+                [self.airflow, *args],
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=self.home,
+            )
 
     def kill(self, name: str) -> None:
         """SIGKILL a service and everything it started (its process group)."""

@@ -29,9 +29,14 @@ def projected_store(root: Path, lines: list[str], day: date, shard_rows: int) ->
     teacher = str(build_sentence_model(root / "teacher", hidden=48, seed=1))
     student = str(build_sentence_model(root / "student", hidden=32, seed=2))
     store = storage.to_uri(str(root / "store"))
-    stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, {
-        "store": store, "source": str(root / "raw.txt"), "ingest_date": day, "shard_rows": shard_rows}))
-    encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams,
-                                    {"store": store, "teacher": teacher, "ingest_date": day}))
+    stage_corpus.run(
+        config.parse(
+            stage_corpus.StageCorpusParams,
+            {"store": store, "source": str(root / "raw.txt"), "ingest_date": day, "shard_rows": shard_rows},
+        )
+    )
+    encode_teacher.run(
+        config.parse(encode_teacher.EncodeTeacherParams, {"store": store, "teacher": teacher, "ingest_date": day})
+    )
     fit_pca.run(config.parse(fit_pca.FitPCAParams, {"store": store, "teacher": teacher, "k": 8}))
     return {"store": store, "teacher": teacher, "student": student}

@@ -60,8 +60,10 @@ def shard_pairs(store: str, teacher: str, pca_name: str, partitions: list[date] 
     if not targets:
         raise DistillDataError(f"{store}: PCA run {pca_name!r} wrote no targets; rerun fit-pca with --write-targets")
     if len(targets) != len(pca.inputs):
-        raise DistillDataError(f"{catalog.manifest_uri(store, Stage.FIT_PCA, pca_key)}: "
-                               f"{len(targets)} target shards for {len(pca.inputs)} teacher shards")
+        raise DistillDataError(
+            f"{catalog.manifest_uri(store, Stage.FIT_PCA, pca_key)}: "
+            f"{len(targets)} target shards for {len(pca.inputs)} teacher shards"
+        )
     encoded = _encoded_sources(store, teacher)
     pairs = []
     for teacher_input, target in zip(pca.inputs, targets, strict=True):
@@ -94,13 +96,14 @@ def read_pair(pair: ShardPair) -> tuple[list[str], list[str], np.ndarray]:
     """(sentence ids, texts, targets) of one pair, joined by sentence id in the targets' order."""
     staged = storage.read_parquet(pair.sentences_uri, columns=["sentence_id", "text"])
     targets = storage.read_parquet(pair.targets_uri, columns=["sentence_id", "target"])
-    text_of = dict(zip(staged.column("sentence_id").to_pylist(), staged.column("text").to_pylist(),
-                       strict=True))
+    text_of = dict(zip(staged.column("sentence_id").to_pylist(), staged.column("text").to_pylist(), strict=True))
     ids = targets.column("sentence_id").to_pylist()
     missing = [sid for sid in ids if sid not in text_of]
     if missing or len(ids) != len(text_of):
-        raise DistillDataError(f"{pair.targets_uri}: {len(missing)} target id(s) missing from {pair.sentences_uri} "
-                               f"({len(text_of) - len(ids) + len(missing)} sentence id(s) without a target)")
+        raise DistillDataError(
+            f"{pair.targets_uri}: {len(missing)} target id(s) missing from {pair.sentences_uri} "
+            f"({len(text_of) - len(ids) + len(missing)} sentence id(s) without a target)"
+        )
     return ids, [text_of[sid] for sid in ids], datasets.vectors(targets, "target")
 
 
@@ -114,8 +117,9 @@ class TrainingData:
         for pair in pairs:
             ids, texts, targets = read_pair(pair)
             if self.dim and targets.shape[1] != self.dim:
-                raise DistillDataError(f"{pair.targets_uri}: targets have {targets.shape[1]} dimensions, "
-                                       f"the other shards {self.dim}")
+                raise DistillDataError(
+                    f"{pair.targets_uri}: targets have {targets.shape[1]} dimensions, the other shards {self.dim}"
+                )
             self.dim = targets.shape[1]
             held_out = is_validation(ids, val_fraction, seed)
             self.train_rows += int((~held_out).sum())

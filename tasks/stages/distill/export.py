@@ -19,12 +19,22 @@ from tasks.stages.params import DistillParams
 def run_summary(trainer: Trainer, init_record: dict[str, Any]) -> dict[str, Any]:
     """The run's stats: steps, rows, validation before / at the end / of the exported weights, set-up."""
     state = trainer.state
-    return {"steps": state.step, "total_steps": trainer.total_steps, "train_rows": trainer.data.train_rows,
-            "val_rows": len(trainer.data.val_texts), "k": trainer.data.dim, "best_step": state.best_step,
-            "best_val_mse": state.best_val_mse, "initial": state.evals[0] if state.evals else None,
-            "final": state.evals[-1] if state.evals else None, "exported": trainer.exported,
-            "stopped_early": state.stopped_early, "init": init_record, "amp": trainer.amp,
-            "world_size": trainer.dist.world}
+    return {
+        "steps": state.step,
+        "total_steps": trainer.total_steps,
+        "train_rows": trainer.data.train_rows,
+        "val_rows": len(trainer.data.val_texts),
+        "k": trainer.data.dim,
+        "best_step": state.best_step,
+        "best_val_mse": state.best_val_mse,
+        "initial": state.evals[0] if state.evals else None,
+        "final": state.evals[-1] if state.evals else None,
+        "exported": trainer.exported,
+        "stopped_early": state.stopped_early,
+        "init": init_record,
+        "amp": trainer.amp,
+        "world_size": trainer.dist.world,
+    }
 
 
 def files(trainer: Trainer, stage_run: manifest.StageRun, summary: dict[str, Any]) -> dict[str, bytes]:
@@ -50,10 +60,31 @@ def model_card(params: DistillParams, stage_run: manifest.StageRun, summary: dic
     template = Template(resources.files(__package__).joinpath("model_card.md").read_text(encoding="utf-8"))
     inputs = "\n".join(f"- `{i.uri}` (sha256 `{i.sha256[:12]}`)" for i in stage_run.inputs)
     return template.substitute(
-        {key: summary[key] for key in ("k", "steps", "total_steps", "best_step", "stopped_early", "train_rows",
-                                       "val_rows", "init", "initial", "final", "exported")},
-        name=params.name, student=params.student, teacher=params.teacher, pca_name=params.pca_name,
+        {
+            key: summary[key]
+            for key in (
+                "k",
+                "steps",
+                "total_steps",
+                "best_step",
+                "stopped_early",
+                "train_rows",
+                "val_rows",
+                "init",
+                "initial",
+                "final",
+                "exported",
+            )
+        },
+        name=params.name,
+        student=params.student,
+        teacher=params.teacher,
+        pca_name=params.pca_name,
         layers=f"(first {params.student_layers} layers) " if params.student_layers else "",
-        activation=params.activation, best_val_mse=f"{summary['best_val_mse']:.6g}",
-        config=json.dumps(params.model_dump(mode="json"), indent=2), run_id=stage_run.run_id,
-        code_version=manifest.code_version(), inputs=inputs)
+        activation=params.activation,
+        best_val_mse=f"{summary['best_val_mse']:.6g}",
+        config=json.dumps(params.model_dump(mode="json"), indent=2),
+        run_id=stage_run.run_id,
+        code_version=manifest.code_version(),
+        inputs=inputs,
+    )

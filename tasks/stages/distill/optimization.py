@@ -15,12 +15,17 @@ class Optimization:
 
         exempt = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
         decayed = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
-        self.optimizer = torch.optim.AdamW([{"params": decayed, "weight_decay": params.weight_decay},
-                                            {"params": exempt, "weight_decay": 0.0}], lr=params.lr)
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decayed, "weight_decay": params.weight_decay}, {"params": exempt, "weight_decay": 0.0}],
+            lr=params.lr,
+        )
         warmup = int(params.warmup_ratio * total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda s: (s + 1) / max(warmup, 1) if s < warmup
-            else max(0.0, (total_steps - s) / max(total_steps - warmup, 1)))
+            self.optimizer,
+            lambda s: (
+                (s + 1) / max(warmup, 1) if s < warmup else max(0.0, (total_steps - s) / max(total_steps - warmup, 1))
+            ),
+        )
         self.scaler = torch.amp.GradScaler("cuda", enabled=amp == "fp16")
         self.max_grad_norm = params.max_grad_norm
 
@@ -43,8 +48,11 @@ class Optimization:
         self.optimizer.zero_grad(set_to_none=True)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "scaler": self.scaler.state_dict()}
+        return {
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.scaler.state_dict(),
+        }
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(states["optimizer"])

@@ -22,10 +22,18 @@ def run(params: DistillParams, force: bool = False, progress: bool = False) -> m
     dist = init_distributed()
     pairs = shard_pairs(params.store, params.teacher, params.pca_name, params.partitions)
     stage_run = manifest.StageRun(
-        stage=Stage.DISTILL, key=params.name, store=params.store,
+        stage=Stage.DISTILL,
+        key=params.name,
+        store=params.store,
         params=params.model_dump(mode="json", exclude=RUNTIME),
-        inputs=[item for p in pairs for item in (manifest.Input(p.sentences_uri, p.sha256[0], p.rows),
-                                                 manifest.Input(p.targets_uri, p.sha256[1], p.rows))],
+        inputs=[
+            item
+            for p in pairs
+            for item in (
+                manifest.Input(p.sentences_uri, p.sha256[0], p.rows),
+                manifest.Input(p.targets_uri, p.sha256[1], p.rows),
+            )
+        ],
     )
     if skipped := stage_run.skip_result(force):
         return skipped

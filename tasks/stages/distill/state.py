@@ -23,6 +23,18 @@ class TrainState:
     losses: list[tuple[int, float]] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
 
+    def record_eval(self, result: dict[str, Any], patience: int | None) -> bool:
+        """Record a validation ``result`` (step, val_mse, ...); True when it is the best so far. After
+        ``patience`` evaluations without improvement the run stops early."""
+        self.evals.append(result)
+        if result["val_mse"] < self.best_val_mse:
+            self.best_val_mse, self.best_step, self.evals_since_best = result["val_mse"], result["step"], 0
+            return True
+        self.evals_since_best += 1
+        if patience and self.evals_since_best >= patience:
+            self.stopped_early = True
+        return False
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "position": asdict(self.position)}
 

@@ -32,13 +32,13 @@ class DistillError(ValueError):
 class Trainer:
     """One training run: model, optimiser, schedule, data position, checkpoints."""
 
-    def __init__(self, params: DistillParams, data: TrainingData, device: str, dist: Distributed,
-                 fingerprint: str) -> None:
+    def __init__(
+        self, params: DistillParams, data: TrainingData, device: str, dist: Distributed, fingerprint: str
+    ) -> None:
         self.params, self.data, self.dist = params, data, dist
         self.state = TrainState()
         seed_everything(params.seed)
-        self.model = student.build(params.student, data.dim, params.activation, params.student_layers,
-                                   params.max_seq_length, params.dropout, device)
+        self.model = _build_student(params, data.dim, device)
         self.amp = {"auto": "bf16" if device == "cuda" else "off"}.get(params.amp, params.amp)
         steps_per_epoch = math.ceil(data.train_rows / params.batch_size)
         self.total_steps = min(params.max_steps or math.inf, params.epochs * steps_per_epoch)
@@ -57,11 +57,11 @@ class Trainer:
             self.init_record = latest.get("init", {})
             return {**self.init_record, "resumed_from_step": self.state.step}
         first = next(self.data.batches(Position(), min(self.params.init_rows, self.data.train_rows)))
-        self.init_record = student.initialise_head(self.model, self.params.init, first.texts, first.targets,
-                                                   self.params.activation, self.params.ridge_alpha)
-        self.state.evals.append({"step": 0, **self.validate()})
-        self.state.best_val_mse = self.state.evals[0]["val_mse"]  # training must beat the initial weights
-        self.best_weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        self.init_record = student.initialise_head(
+            self.model, self.params.init, first.texts, first.targets, self.params.activation, self.params.ridge_alpha
+        )
+        self.state.record_eval({"step": 0, **self.validate()}, None)  # training must beat the initial weights
+        self.best_weights = self._weights()
         return self.init_record
 
     def train(self, progress: bool) -> None:
@@ -69,8 +69,7 @@ class Trainer:
         state = self.state
         self.ddp = self.dist.wrap(self.model)
         self.model.train()
-        bar = tqdm(total=self.total_steps, initial=state.step, unit=" step", desc=f"distill {self.params.name}",
-                   disable=not (progress and self.dist.leader))
+        bar = _progress_bar(self, progress and self.dist.leader)
         while not self._finished():
             epoch = state.position.epoch
             for batch in self.data.batches(state.position, self.params.batch_size):
@@ -93,8 +92,10 @@ class Trainer:
         state = self.state
         loss = self.train_step(batch)
         if not math.isfinite(loss):
-            raise DistillError(f"{self.params.name}: training loss is {loss} at step {state.step + 1} "
-                               f"(lr {self.optim.lr:.2e}); lower lr or check the targets")
+            raise DistillError(
+                f"{self.params.name}: training loss is {loss} at step {state.step + 1} "
+                f"(lr {self.optim.lr:.2e}); lower lr or check the targets"
+            )
         state.step += 1
         state.position = batch.next_position
         state.losses.append((state.step, loss))
@@ -114,9 +115,9 @@ class Trainer:
         for start in range(0, rows, micro):
             # Under DDP, gradients are all-reduced once per step: on the last micro-batch only.
             accumulate = self.dist.world > 1 and start + micro < rows
+            part = slice(start, start + micro)
             with self.ddp.no_sync() if accumulate else contextlib.nullcontext():
-                total += self._micro_step(batch.texts[start:start + micro], batch.targets[start:start + micro],
-                                          rows)
+                total += self._micro_step(batch.texts[part], batch.targets[part], rows)
         self.optim.step(self.model.parameters())
         return self.dist.sum(total, self.model.device) / (rows * self.data.dim)
 
@@ -141,30 +142,29 @@ class Trainer:
 
     def validate(self) -> dict:
         """MSE and mean cosine of the student's outputs against the held-out targets."""
-        self.model.eval()
-        predicted = self.model.encode(self.data.val_texts, batch_size=128)
-        self.model.train()
-        measured = metrics.fidelity(predicted, self.data.val_targets)
-        return {"val_mse": measured["mse"], "val_cosine": measured["mean_cosine"]}
+        return _validation_scores(self.model, self.data)
 
     def _evaluate(self) -> None:
-        state = self.state
-        result = {"step": state.step, **self.validate()}
-        state.evals.append(result)
-        if result["val_mse"] < state.best_val_mse:
-            state.best_val_mse, state.best_step, state.evals_since_best = result["val_mse"], state.step, 0
-            self.best_weights = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
-        else:
-            state.evals_since_best += 1
-            if self.params.patience and state.evals_since_best >= self.params.patience:
-                state.stopped_early = True
+        if self.state.record_eval({"step": self.state.step, **self.validate()}, self.params.patience):
+            self.best_weights = self._weights()
+
+    def _weights(self) -> dict:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
 
     def _save_checkpoint(self) -> None:
         rng = self.dist.gather(rng_states())  # every rank's dropout stream, so a resumed DDP run continues each
         if self.dist.leader:
-            self.checkpoints.save(self.state.step, {
-                "model": self.model.state_dict(), **self.optim.state_dict(), "best_weights": self.best_weights,
-                "state": self.state.to_dict(), "rng": rng}, self.init_record)
+            self.checkpoints.save(
+                self.state.step,
+                {
+                    "model": self.model.state_dict(),
+                    **self.optim.state_dict(),
+                    "best_weights": self.best_weights,
+                    "state": self.state.to_dict(),
+                    "rng": rng,
+                },
+                self.init_record,
+            )
 
     def _restore(self, uri: str) -> None:
         try:  # the optimizer moves its own state to the model's device
@@ -175,5 +175,26 @@ class Trainer:
             self.state = TrainState.from_dict(payload["state"])
             restore_rng(payload["rng"][self.dist.rank])
         except Exception as exc:  # a damaged file fails in many ways (unpickling, zip, shapes, missing keys)
-            raise DistillError(f"{uri}: corrupted or incompatible checkpoint ({type(exc).__name__}: {exc}); "
-                               f"rerun with --force to start over") from None
+            raise DistillError(
+                f"{uri}: corrupted or incompatible checkpoint ({type(exc).__name__}: {exc}); "
+                f"rerun with --force to start over"
+            ) from None
+
+
+def _build_student(params: DistillParams, dim: int, device: str) -> Any:
+    return student.build(
+        params.student, dim, params.activation, params.student_layers, params.max_seq_length, params.dropout, device
+    )
+
+
+def _progress_bar(trainer: Trainer, shown: bool) -> Any:
+    name, state = trainer.params.name, trainer.state
+    return tqdm(total=trainer.total_steps, initial=state.step, unit=" step", desc=f"distill {name}", disable=not shown)
+
+
+def _validation_scores(model: Any, data: TrainingData) -> dict:
+    model.eval()
+    predicted = model.encode(data.val_texts, batch_size=128)
+    model.train()
+    measured = metrics.fidelity(predicted, data.val_targets)
+    return {"val_mse": measured["mse"], "val_cosine": measured["mean_cosine"]}

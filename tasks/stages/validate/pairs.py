@@ -26,8 +26,7 @@ def read_pairs(uri: str) -> sts.PairSet:
     except (TypeError, ValueError):
         bad = next(i for i, r in enumerate(rows, start=2) if not _is_number(r["score"]))
         raise ValidationError(f"{uri}: line {bad}: score {rows[bad - 2]['score']!r} is not a number") from None
-    return sts.PairSet(uri.rsplit("/", 1)[-1], [r["sentence1"] for r in rows], [r["sentence2"] for r in rows],
-                       scores)
+    return sts.PairSet(uri.rsplit("/", 1)[-1], [r["sentence1"] for r in rows], [r["sentence2"] for r in rows], scores)
 
 
 def _is_number(value: str | None) -> bool:

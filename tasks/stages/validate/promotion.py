@@ -30,10 +30,16 @@ def decide(scores: dict, reference_scores: dict, reference_name: str, params: Va
         if minimum is not None and scores[name] < minimum:
             reasons.append(f"{name} {scores[name]:.2f} is below the minimum {minimum:.2f}")
         if scores[name] < reference_scores[name] - params.max_regression:
-            reasons.append(f"{name} {scores[name]:.2f} regresses more than {params.max_regression:.2f} below "
-                           f"the {reference_name}'s {reference_scores[name]:.2f}")
-    return {"passed": not reasons, "reasons": reasons or ["all checks passed"], "reference": reference_name,
-            "reference_scores": {n: reference_scores[n] for n in GATED}}
+            reasons.append(
+                f"{name} {scores[name]:.2f} regresses more than {params.max_regression:.2f} below "
+                f"the {reference_name}'s {reference_scores[name]:.2f}"
+            )
+    return {
+        "passed": not reasons,
+        "reasons": reasons or ["all checks passed"],
+        "reference": reference_name,
+        "reference_scores": {n: reference_scores[n] for n in GATED},
+    }
 
 
 def promote_model(store: str, model_run: str, scores: dict, manifest_uri: str, etag: str | None) -> None:
@@ -41,5 +47,7 @@ def promote_model(store: str, model_run: str, scores: dict, manifest_uri: str, e
     try:
         catalog.move_pointer(store, catalog.ModelPointer(model_run, scores, manifest_uri), etag)
     except catalog.PointerMoved:
-        raise ValidationError(f"{catalog.pointer_uri(store, Pointer.MODEL)}: another promotion happened since this "
-                              f"validation started; {model_run} was not promoted") from None
+        raise ValidationError(
+            f"{catalog.pointer_uri(store, Pointer.MODEL)}: another promotion happened since this "
+            f"validation started; {model_run} was not promoted"
+        ) from None

@@ -57,16 +57,21 @@ def measure(params: ValidateParams, distilled: manifest.Manifest, pair_sets: lis
         table = {name: {p.name: round(sts.score(encode, p), 2) for p in pair_sets} for name, encode in encoders.items()}
         student_corpus = model.encode(corpus.texts)
         stsb = pair_sets[0]
-        plots = {"explained_variance_ratio": explained,
-                 "sts_scatter": (sts.cosine(model.encode(stsb.first), model.encode(stsb.second)), stsb.scores),
-                 "norms": {"teacher": np.linalg.norm(corpus.teacher_vectors, axis=1),
-                           "student": np.linalg.norm(student_corpus, axis=1)},
-                 **training_curves(distilled)}
+        plots = {
+            "explained_variance_ratio": explained,
+            "sts_scatter": (sts.cosine(model.encode(stsb.first), model.encode(stsb.second)), stsb.scores),
+            "norms": {
+                "teacher": np.linalg.norm(corpus.teacher_vectors, axis=1),
+                "student": np.linalg.norm(student_corpus, axis=1),
+            },
+            **training_curves(distilled),
+        }
         return Measurements(table, _retrieval(model.encode, student_corpus, corpus, stsb), plots)
 
 
-def _encoders(params: ValidateParams, trained: DistillParams, model: Any,
-              corpus_texts: list[str]) -> tuple[dict[str, Encode], np.ndarray]:
+def _encoders(
+    params: ValidateParams, trained: DistillParams, model: Any, corpus_texts: list[str]
+) -> tuple[dict[str, Encode], np.ndarray]:
     """The four encoders scored, and the fitted PCA's explained variance ratio."""
     from tasks.ml import student
     from tasks.ml.encoder import SentenceEncoder
@@ -87,10 +92,12 @@ def _encoders(params: ValidateParams, trained: DistillParams, model: Any,
             encoded_by_teacher[key] = teacher.encode(texts, dtype=params.teacher_dtype)
         return encoded_by_teacher[key]
 
-    return {"teacher": teacher_encode,
-            "teacher + PCA": lambda t: projection.apply(teacher_encode(t)),
-            "student": model.encode,
-            BASELINE: lambda t: base_pca.apply(base.encode(t))}, projection.explained_variance_ratio
+    return {
+        "teacher": teacher_encode,
+        "teacher + PCA": lambda t: projection.apply(teacher_encode(t)),
+        "student": model.encode,
+        BASELINE: lambda t: base_pca.apply(base.encode(t)),
+    }, projection.explained_variance_ratio
 
 
 def _retrieval(encode: Encode, student_corpus: np.ndarray, corpus: CorpusSample, stsb: sts.PairSet) -> dict:
@@ -99,10 +106,14 @@ def _retrieval(encode: Encode, student_corpus: np.ndarray, corpus: CorpusSample,
     close = stsb.scores >= 4.0
     candidates = sorted(set(np.array(stsb.second)[close]))
     answers = np.array([candidates.index(s) for s in np.array(stsb.second)[close]])
-    return {"recall_at_10_vs_teacher": round(metrics.recall_at_k(found, truth), 4),
-            "corpus_sample": len(corpus.ids), "stsb_pairs_ge4": int(close.sum()),
-            "mrr_stsb_ge4": round(metrics.mean_reciprocal_rank(
-                encode(list(np.array(stsb.first)[close])), encode(candidates), answers), 4)}
+    return {
+        "recall_at_10_vs_teacher": round(metrics.recall_at_k(found, truth), 4),
+        "corpus_sample": len(corpus.ids),
+        "stsb_pairs_ge4": int(close.sum()),
+        "mrr_stsb_ge4": round(
+            metrics.mean_reciprocal_rank(encode(list(np.array(stsb.first)[close])), encode(candidates), answers), 4
+        ),
+    }
 
 
 def training_curves(distilled: manifest.Manifest) -> dict:
@@ -139,4 +150,3 @@ def quality_results(store: str) -> list[dict]:
         for output in published.outputs if published else ():
             results.extend(json.loads(storage.read_bytes(output.uri))["checks"])
     return results
-
