@@ -44,6 +44,16 @@ class Stage(StrEnum):
     QUALITY = "quality"
 
 
+class Dataset(StrEnum):
+    """The datasets the stages write, named as their data contracts (``schemas/datasets/<name>.json``)."""
+
+    SENTENCES = "sentences"
+    TEACHER_EMBEDDINGS = "teacher_embeddings"
+    PROJECTED_TARGETS = "projected_targets"
+    STUDENT_EMBEDDINGS = "student_embeddings"
+    INDEX_IDS = "index_ids"
+
+
 # The stages that write the ``sentences`` dataset, and the folder each writes to.
 SENTENCE_WRITERS = (Stage.STAGE_CORPUS, Stage.AUGMENT)
 _SENTENCE_FOLDERS = {Stage.STAGE_CORPUS: "sentences", Stage.AUGMENT: "sentences_aug"}

@@ -16,9 +16,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.core import catalog, contracts, datasets, manifest, storage
-from tasks.core.catalog import Stage
+from tasks.core.catalog import Dataset, Stage
 
-DATASET = "sentences"
 COLUMNS = ("sentence_id", "text", "source", "line", "parent_id", "aug_method", "aug_params")
 
 
@@ -59,7 +58,7 @@ def table(rows: dict[str, list[Any]], ingest_date: date) -> pa.Table:
     }
     for name in ("parent_id", "aug_method", "aug_params"):
         columns[name] = pa.array(rows[name], pa.string()) if name in rows else pa.nulls(n, pa.string())
-    return contracts.load(DATASET).conform(pa.table(columns))
+    return contracts.load(Dataset.SENTENCES).conform(pa.table(columns))
 
 
 def publish_partition(
@@ -72,7 +71,7 @@ def publish_partition(
     with stage_run.phase("write_shards"):
         for index, start in enumerate(range(0, table.num_rows, shard_rows)):
             stage_run.add_shard(
-                datasets.write_shard(prefix, f"part-{index:05d}", table.slice(start, shard_rows), DATASET)
+                datasets.write_shard(prefix, f"part-{index:05d}", table.slice(start, shard_rows), Dataset.SENTENCES)
             )
     published = stage_run.publish()
     for stale in previous_outputs - {o.uri for o in published.outputs}:

@@ -26,14 +26,12 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from tasks.core import catalog, datasets, manifest, sentences, storage
-from tasks.core.catalog import Pointer, Stage
+from tasks.core.catalog import Dataset, Pointer, Stage
 from tasks.ml import student
 from tasks.stages.params import BuildIndexParams
 
 QUERY_SAMPLE = 200
 INDEX_FILE = "index.faiss"
-IDS = "index_ids"
-EMBEDDINGS = "student_embeddings"
 
 
 class IndexBuildError(ValueError):
@@ -98,7 +96,7 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
                     "text": corpus.texts,
                 }
             ),
-            IDS,
+            Dataset.INDEX_IDS,
         )
     )
     result = stage_run.publish()
@@ -164,10 +162,10 @@ def _encode_corpus(
             )
             stage_run.add_shard(
                 datasets.write_shard(
-                    storage.join(prefix, EMBEDDINGS),
+                    storage.join(prefix, Dataset.STUDENT_EMBEDDINGS),
                     catalog.derived_stem(shard_uri),
                     embeddings,
-                    EMBEDDINGS,
+                    Dataset.STUDENT_EMBEDDINGS,
                     dim=vectors.shape[1],
                     model_id=params.model_run,
                 )
@@ -242,7 +240,7 @@ def measure(index, vectors: np.ndarray, k: int = 10) -> dict:
 
 def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> catalog.IndexPointer:
     """Move ``indexes/current.json`` to a published index, by compare-and-swap against ``seen_etag``."""
-    index_uri, ids_uri = published.output_named(INDEX_FILE).uri, published.outputs_of(IDS)[0].uri
+    index_uri, ids_uri = published.output_named(INDEX_FILE).uri, published.outputs_of(Dataset.INDEX_IDS)[0].uri
     for uri in (index_uri, ids_uri):
         if not storage.exists(uri):
             raise IndexBuildError(f"{uri}: missing; the current pointer stays as it was")

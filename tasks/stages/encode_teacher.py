@@ -16,10 +16,8 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from tasks.core import catalog, datasets, manifest, sentences, storage
-from tasks.core.catalog import Stage
+from tasks.core.catalog import Dataset, Stage
 from tasks.stages.params import EncodeTeacherParams
-
-DATASET = "teacher_embeddings"
 
 
 class EncodeError(ValueError):
@@ -128,7 +126,7 @@ def _encode_shard(
             prefix,
             catalog.derived_stem(shard_uri),
             table,
-            DATASET,
+            Dataset.TEACHER_EMBEDDINGS,
             dim=encoder.dim,
             model_id=params.teacher,
             value_type=params.output_dtype,

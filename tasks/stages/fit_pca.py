@@ -27,12 +27,11 @@ import pyarrow as pa
 from tqdm import tqdm
 
 from tasks.core import catalog, datasets, manifest, sentences, storage
-from tasks.core.catalog import Stage
+from tasks.core.catalog import Dataset, Stage
 from tasks.ml.projection import ARTIFACT, MomentAccumulator, PCAError, Projection
 from tasks.stages import encode_teacher
 from tasks.stages.params import FitPCAParams
 
-TARGETS = "projected_targets"
 CHUNK_ROWS = 8192
 
 
@@ -116,7 +115,7 @@ def target_shards(store: str, teacher: str, name: str) -> list[str]:
     published = manifest.read(store, Stage.FIT_PCA, catalog.pca_key(teacher, name))
     if published is None:
         raise PCAError(f"{store}: no PCA run {name!r} for teacher {teacher!r}")
-    return [o.uri for o in published.outputs_of(TARGETS)]
+    return [o.uri for o in published.outputs_of(Dataset.PROJECTED_TARGETS)]
 
 
 def _chunks(uri: str):
@@ -146,4 +145,4 @@ def _write_targets(teacher_uri: str, projection: Projection, prefix: str, model_
         }
     )
     stem = teacher_uri.rsplit("/", 1)[1].removesuffix(".parquet")
-    return datasets.write_shard(prefix, stem, table, TARGETS, dim=k, model_id=model_id)
+    return datasets.write_shard(prefix, stem, table, Dataset.PROJECTED_TARGETS, dim=k, model_id=model_id)

@@ -20,8 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tasks.core import catalog, datasets, manifest, sentences, storage
-from tasks.core.catalog import Stage
-from tasks.stages.fit_pca import TARGETS
+from tasks.core.catalog import Dataset, Stage
 from tasks.stages.params import QualityParams
 
 SAMPLE_ROWS = 5
@@ -170,5 +169,6 @@ def planned_checks(params: QualityParams) -> list[tuple[manifest.Output, str, di
         fitted = manifest.read(params.store, Stage.FIT_PCA, catalog.pca_key(params.teacher, params.pca_name))
         if fitted is None:
             raise QualityError(f"{params.store}: no PCA run {params.pca_name!r} for {params.teacher!r}")
-        checks.extend((o, "targets", {"min_variance": params.min_variance}) for o in fitted.outputs_of(TARGETS))
+        targets = fitted.outputs_of(Dataset.PROJECTED_TARGETS)
+        checks.extend((o, "targets", {"min_variance": params.min_variance}) for o in targets)
     return checks

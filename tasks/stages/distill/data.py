@@ -19,9 +19,7 @@ from datetime import date
 import numpy as np
 
 from tasks.core import catalog, datasets, manifest, sentences, storage
-from tasks.core.catalog import Stage
-
-TARGETS = "projected_targets"
+from tasks.core.catalog import Dataset, Stage
 
 
 class DistillDataError(ValueError):
@@ -56,7 +54,7 @@ def shard_pairs(store: str, teacher: str, pca_name: str, partitions: list[date] 
     pca = manifest.read(store, Stage.FIT_PCA, pca_key)
     if pca is None:
         raise DistillDataError(f"{store}: no PCA run {pca_name!r} for teacher {teacher!r}; run fit-pca first")
-    targets = pca.outputs_of(TARGETS)
+    targets = pca.outputs_of(Dataset.PROJECTED_TARGETS)
     if not targets:
         raise DistillDataError(f"{store}: PCA run {pca_name!r} wrote no targets; rerun fit-pca with --write-targets")
     if len(targets) != len(pca.inputs):
