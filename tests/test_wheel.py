@@ -15,10 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core import config
-from tasks.stages import distill
 from tests.support.paths import REPO
-from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
+from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
 
 DAY = date(2026, 11, 2)
 PACKAGE_DATA = (
@@ -131,23 +129,7 @@ def test_fresh_env_imports_the_installed_wheel_not_the_checkout(fresh_env):
 def distilled_store(tmp_path_factory) -> str:
     """A tiny store (tiny teacher and student) with one short distill run, 'wheel'."""
     prepared = projected_store(tmp_path_factory.mktemp("store"), corpus_lines(200), DAY, shard_rows=100)
-    distill.run(
-        config.parse(
-            distill.DistillParams,
-            {
-                "store": prepared["store"],
-                "teacher": prepared["teacher"],
-                "student": prepared["student"],
-                "pca_name": PCA_NAME,
-                "max_steps": 5,
-                "batch_size": 16,
-                "lr": 1e-3,
-                "val_fraction": 0.1,
-                "name": "wheel",
-                "threads": 1,
-            },
-        )
-    )
+    distill_tiny(prepared, "wheel", max_steps=5, lr=1e-3)
     return prepared["store"]
 
 

@@ -7,8 +7,8 @@ import pytest
 from tasks import cli
 from tasks.core import catalog, config, contracts, storage
 from tasks.core.catalog import IndexPointer, ModelPointer, Pointer
-from tasks.stages import build_index, distill
-from tests.support.projected_store import PCA_NAME, projected_store
+from tasks.stages import build_index
+from tests.support.projected_store import distill_tiny, projected_store
 
 DAY = date(2026, 11, 1)
 TEXTS = [
@@ -21,22 +21,7 @@ TEXTS = [
 def store(tmp_path_factory):
     """A store with 300 staged sentences and a distilled tiny student (k=8) published as run 'tiny'."""
     prepared = projected_store(tmp_path_factory.mktemp("index"), TEXTS, DAY, shard_rows=120)
-    distill.run(
-        config.parse(
-            distill.DistillParams,
-            {
-                "store": prepared["store"],
-                "teacher": prepared["teacher"],
-                "student": prepared["student"],
-                "pca_name": PCA_NAME,
-                "max_steps": 2,
-                "batch_size": 16,
-                "val_fraction": 0.1,
-                "name": "tiny",
-                "threads": 1,
-            },
-        )
-    )
+    distill_tiny(prepared, "tiny", max_steps=2)
     return prepared["store"]
 
 

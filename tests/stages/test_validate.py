@@ -5,8 +5,8 @@ import pytest
 
 from tasks.core import catalog, config, storage
 from tasks.core.catalog import Pointer
-from tasks.stages import distill, validate
-from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
+from tasks.stages import validate
+from tests.support.projected_store import PCA_NAME, corpus_lines, distill_tiny, projected_store
 
 DAY = date(2026, 11, 1)
 
@@ -16,23 +16,7 @@ def store(tmp_path_factory):
     """Staged + encoded + projected (k=8) corpus and two distilled tiny students, 'good' and 'short'."""
     prepared = projected_store(tmp_path_factory.mktemp("validate"), corpus_lines(300), DAY, shard_rows=150)
     for name, steps in (("good", 20), ("short", 1)):
-        distill.run(
-            config.parse(
-                distill.DistillParams,
-                {
-                    "store": prepared["store"],
-                    "teacher": prepared["teacher"],
-                    "student": prepared["student"],
-                    "pca_name": PCA_NAME,
-                    "max_steps": steps,
-                    "batch_size": 16,
-                    "lr": 1e-3,
-                    "val_fraction": 0.1,
-                    "name": name,
-                    "threads": 1,
-                },
-            )
-        )
+        distill_tiny(prepared, name, max_steps=steps, lr=1e-3)
     return prepared["store"]
 
 

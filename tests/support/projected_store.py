@@ -6,9 +6,10 @@ from __future__ import annotations
 import gzip
 from datetime import date
 from pathlib import Path
+from typing import Any
 
-from tasks.core import config, storage
-from tasks.stages import encode_teacher, fit_pca, stage_corpus
+from tasks.core import config, manifest, storage
+from tasks.stages import distill, encode_teacher, fit_pca, stage_corpus
 from tests.support.paths import CORPUS
 from tests.support.tiny_models import build_sentence_model
 
@@ -40,3 +41,20 @@ def projected_store(root: Path, lines: list[str], day: date, shard_rows: int) ->
     )
     fit_pca.run(config.parse(fit_pca.FitPCAParams, {"store": store, "teacher": teacher, "k": 8}))
     return {"store": store, "teacher": teacher, "student": student}
+
+
+def distill_tiny(prepared: dict[str, str], name: str, max_steps: int, **settings: Any) -> manifest.StageResult:
+    """A short single-threaded distillation of ``prepared``'s tiny student, published as run ``name``."""
+    values = {
+        "store": prepared["store"],
+        "teacher": prepared["teacher"],
+        "student": prepared["student"],
+        "pca_name": PCA_NAME,
+        "max_steps": max_steps,
+        "batch_size": 16,
+        "val_fraction": 0.1,
+        "name": name,
+        "threads": 1,
+        **settings,
+    }
+    return distill.run(config.parse(distill.DistillParams, values))
