@@ -69,7 +69,7 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
     total_rows = sum(s.rows or 0 for s in shards)
     fraction = min(1.0, params.max_rows / total_rows) if params.max_rows else 1.0
     with stage_run.phase("accumulate"):
-        accumulator = _accumulate([s.uri for s in shards], fraction, params.seed, progress)
+        accumulator = accumulate([s.uri for s in shards], fraction, params.seed, progress)
     with stage_run.phase("eigendecomposition"):
         projection = accumulator.fit(params.k, params.mode)
     summary = {
@@ -98,7 +98,7 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
     return stage_run.publish()
 
 
-def _accumulate(shard_uris: list[str], fraction: float, seed: int, progress: bool) -> MomentAccumulator:
+def accumulate(shard_uris: list[str], fraction: float, seed: int, progress: bool) -> MomentAccumulator:
     """The moments of the rows of every shard whose seeded id hash falls below ``fraction``."""
     accumulator = None
     for uri in tqdm(shard_uris, desc="fit_pca accumulate", unit=" shard", disable=not progress):
