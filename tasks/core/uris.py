@@ -40,6 +40,22 @@ def to_uri(path_or_uri: str) -> str:
 
 
 def join(base: str, *parts: str) -> str:
-    """Join path segments onto a URI with ``/``."""
+    """Join path segments onto a URI with ``/``; a ``.`` or ``..`` segment is refused, so a joined URI
+    never leaves ``base``."""
     segments = [p.strip("/") for p in parts if p.strip("/")]
-    return "/".join([to_uri(base).rstrip("/"), *segments])
+    joined = "/".join([to_uri(base).rstrip("/"), *segments])
+    if any(piece in (".", "..") for segment in segments for piece in segment.split("/")):
+        raise StorageError(joined, "'.' and '..' path segments are not allowed")
+    return joined
+
+
+def contained(root: str, uri: str) -> str:
+    """``uri`` when it names an object below ``root`` (compared after normalisation; ``.`` or ``..``
+    segments are refused), else a :class:`StorageError` naming both. For URIs read from manifests,
+    pointers and archives: nothing is read or written outside the store."""
+    base, target = to_uri(root).rstrip("/"), to_uri(uri)
+    if uri.startswith("s3://") and any(piece in (".", "..") for piece in uri.split("/")[3:]):
+        raise StorageError(uri, "'.' and '..' path segments are not allowed")
+    if not target.startswith(base + "/"):
+        raise StorageError(uri, f"outside the store {base}")
+    return target
