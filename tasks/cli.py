@@ -38,6 +38,7 @@ HELP = {
     Stage.BUILD_INDEX: "encode the corpus with a distilled student, build a FAISS index and promote it",
     Stage.DISTILL: "train the student on the projected targets (torchrun for several processes) and export it",
 }
+MAX_HITS = 1000
 DEMO_DEFAULTS = {
     "airflow_home": "var/airflow",
     "rows": 2000,
@@ -109,7 +110,9 @@ def build_parser() -> argparse.ArgumentParser:
         description="nearest corpus sentences from the current index",
     )
     search.add_argument("query")
-    search.add_argument("-k", type=int, default=5, help="how many results (default: 5)")
+    search.add_argument(
+        "-k", type=_bounded(1, MAX_HITS), default=5, help=f"how many results, 1-{MAX_HITS} (default: 5)"
+    )
     search.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
     _add_demo_parser(sub)
     return parser
@@ -133,9 +136,24 @@ def _add_demo_parser(sub: Any) -> None:
     demo.add_argument("--query", help="a sample search on the new index")
 
 
+def _bounded(low: int, high: int) -> typing.Callable[[str], int]:
+    """An argparse type: an integer within [low, high]."""
+
+    def parse(text: str) -> int:
+        value = int(text)
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{value} is not within {low}-{high}")
+        return value
+
+    return parse
+
+
 def _store(args: dict) -> str:
     """The ``--store`` option as a URI, else ``$HPD_STORE`` / ``./var/store``."""
-    return to_uri(args["store"]) if args["store"] else config.default_store()
+    try:
+        return to_uri(args["store"]) if args["store"] else config.default_store()
+    except StorageError as exc:
+        raise config.ConfigError(f"--store: {exc}") from None
 
 
 def _demo(args: dict) -> int:
@@ -170,8 +188,9 @@ def _demo(args: dict) -> int:
 def _search(args: dict) -> int:
     from tasks.stages import build_index
 
+    store = _store(args)
     try:
-        hits = build_index.search(_store(args), args["query"], args["k"])
+        hits = build_index.search(store, args["query"], args["k"])
     except (ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
@@ -206,10 +225,14 @@ def _run_stage(stage: Stage, args: dict) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")
-    if command == "search":
-        return _search(args)
-    if command == "demo":
-        return _demo(args)
+    try:
+        if command == "search":
+            return _search(args)
+        if command == "demo":
+            return _demo(args)
+    except config.ConfigError as exc:
+        print(f"hpd: error: {exc}", file=sys.stderr)
+        return 2
     return _run_stage(Stage(command.replace("-", "_")), args)
 
 

@@ -11,14 +11,17 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tasks.core.uris import to_uri
+from tasks.core.uris import StorageError, redact, to_uri
 
 DEFAULT_STORE = "var/store"
 
 
 def default_store() -> str:
     """The store root: ``HPD_STORE`` or the embedded ``file://`` folder ``./var/store``."""
-    return to_uri(os.environ.get("HPD_STORE", DEFAULT_STORE))
+    try:
+        return to_uri(os.environ.get("HPD_STORE", DEFAULT_STORE))
+    except StorageError as exc:
+        raise ConfigError(f"HPD_STORE: {exc}") from None
 
 
 class ConfigError(ValueError):
@@ -35,7 +38,10 @@ class StageParams(BaseModel):
     @field_validator("store")
     @classmethod
     def _store_uri(cls, value: str) -> str:
-        return to_uri(value)
+        try:
+            return to_uri(value)
+        except StorageError as exc:  # a parameter error (exit 2), not a storage failure
+            raise ValueError(str(exc)) from None
 
 
 P = TypeVar("P", bound=StageParams)
@@ -50,6 +56,6 @@ def parse(model: type[P], values: dict[str, Any]) -> P:
         for error in exc.errors():
             where = ".".join(str(part) for part in error["loc"]) or "(parameters)"
             given = error.get("input")
-            shown = "" if isinstance(given, dict) or error["type"] == "missing" else f" (got {given!r})"
+            shown = "" if isinstance(given, dict) or error["type"] == "missing" else f" (got {redact(repr(given))})"
             problems.append(f"  {where}: {error['msg']}{shown}")
         raise ConfigError(f"invalid {model.__name__} parameters:\n" + "\n".join(problems)) from None

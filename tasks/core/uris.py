@@ -5,15 +5,24 @@ from __future__ import annotations
 
 import os
 import posixpath
+import re
+
+# ``scheme://user:secret@`` — credentials never belong in a URI this project prints or stores.
+_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/@\s]*@", re.IGNORECASE)
+
+
+def redact(text: str) -> str:
+    """``text`` with the user-info (credentials) of every URI in it removed."""
+    return _USERINFO.sub(r"\1", text)
 
 
 class StorageError(Exception):
-    """A storage operation failed; ``str(err)`` starts with the URI."""
+    """A storage operation failed; ``str(err)`` starts with the URI (credentials removed)."""
 
     def __init__(self, uri: str, message: str) -> None:
-        super().__init__(uri, message)
-        self.uri = uri
-        self.message = message
+        super().__init__(redact(uri), redact(message))
+        self.uri = redact(uri)
+        self.message = redact(message)
 
     def __str__(self) -> str:
         return f"{self.uri}: {self.message}"
@@ -24,6 +33,10 @@ def to_uri(path_or_uri: str) -> str:
     if "://" not in path_or_uri:
         return "file://" + os.path.abspath(path_or_uri)
     scheme, rest = path_or_uri.split("://", 1)
+    if "@" in rest.partition("/")[0]:
+        raise StorageError(
+            path_or_uri, "credentials do not belong in a URI: use the environment or an Airflow connection"
+        )
     if scheme == "file":
         if rest.startswith("localhost/"):
             rest = rest[len("localhost") :]
