@@ -69,3 +69,97 @@ def test_the_architecture_test_sees_a_wrong_import(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("def f():\n    from tasks.stages import distill\n    import tasks.ml.encoder\n")
     assert _imported(sample) == {"tasks.stages.distill", "tasks.ml.encoder"}
+
+
+# Nothing in ``tasks`` unpickles: bytes from the store (checkpoints, models, archives) are data, never code.
+UNPICKLING_CHECKED = ("tasks",)
+PICKLE_MODULES = {"pickle", "_pickle", "cPickle", "dill", "cloudpickle", "shelve"}  # importing one is refused
+TORCH_LOADS = {"torch.load", "torch.serialization.load"}
+UNPICKLING_NAMES = {"load", "loads", "Unpickler", "read_pickle"}
+
+
+def _dotted(node: ast.AST) -> str:
+    """``a.b.c`` for a chain of names and attributes, else ``''``."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else ""
+
+
+def _constant(call: ast.Call, keyword: str) -> object:
+    """The constant given to ``keyword`` in ``call``: ``None`` when absent, ``...`` when not a constant."""
+    for item in call.keywords:
+        if item.arg == keyword:  # ``torch.load(f, **options)`` has none, so it is flagged all the same
+            return item.value.value if isinstance(item.value, ast.Constant) else ...
+    return None
+
+
+def _unpickling_call(call: ast.Call) -> list[str]:
+    name = _dotted(call.func)
+    weights_only, allow_pickle = _constant(call, "weights_only"), _constant(call, "allow_pickle")
+    problems = []
+    if (name in TORCH_LOADS or weights_only is not None) and weights_only is not True:
+        problems.append(f"{name or 'a call'} without weights_only=True")
+    if allow_pickle not in (None, False):
+        problems.append(f"{name or 'a call'} with allow_pickle")
+    root, _, leaf = name.partition(".")
+    if leaf.rsplit(".", 1)[-1] in UNPICKLING_NAMES and root in PICKLE_MODULES | {"joblib", "pd", "pandas"}:
+        problems.append(f"calls {name}")
+    return problems
+
+
+def _unpickling_import(node: ast.Import | ast.ImportFrom) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [f"imports {a.name}" for a in node.names if a.name.split(".")[0] in PICKLE_MODULES]
+    module = node.module or ""
+    loads = [a.name for a in node.names if a.name in UNPICKLING_NAMES]
+    if module.split(".")[0] in PICKLE_MODULES or (module.split(".")[0] in ("torch", "joblib", "pandas") and loads):
+        return [f"imports {', '.join(a.name for a in node.names)} from {module}"]
+    return []
+
+
+def _unpickling(path: Path) -> list[str]:
+    """Where ``path`` unpickles or could: pickle-like modules, ``torch.load`` without ``weights_only=True``,
+    ``weights_only`` other than True, ``allow_pickle`` other than False, ``joblib.load``, ``read_pickle``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            problems = _unpickling_import(node)
+        elif isinstance(node, ast.Call):
+            problems = _unpickling_call(node)
+        else:
+            continue
+        found += [
+            f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{node.lineno} {p}" for p in problems
+        ]
+    return found
+
+
+def test_nothing_unpickles():
+    """A checkpoint or model read from the store is data: loading it must never run code (``torch.load``
+    with ``weights_only=True``, safetensors, Parquet, JSON; no pickle, dill, cloudpickle or joblib)."""
+    assert [problem for path in _sources(*UNPICKLING_CHECKED) for problem in _unpickling(path)] == []
+
+
+def test_the_unpickling_scan_sees_each_way_in(tmp_path):
+    sample = tmp_path / "sample.py"
+    lines = [
+        "import pickle",
+        "import dill as d",
+        "from cloudpickle import loads",
+        "import shelve",
+        "torch.load(f, map_location='cpu', weights_only=False)",
+        "torch.load(f)",
+        "torch.load(f, **options)",
+        "torch.serialization.load(f, weights_only=flag)",
+        "from torch import load",
+        "pickle.loads(body)",
+        "joblib.load(path)",
+        "np.load(path, allow_pickle=True)",
+        "pd.read_pickle(path)",
+        "safe.get(weights_only=False)",
+    ]
+    sample.write_text("\n".join(lines) + "\ntorch.load(f, weights_only=True)\nnp.load(path)\nimport json\n")
+    flagged = {int(problem.split(":")[1].split()[0]) for problem in _unpickling(sample)}
+    assert flagged == set(range(1, len(lines) + 1))

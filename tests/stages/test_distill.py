@@ -1,5 +1,8 @@
+import io
 import json
 import os
+import pickle
+import re
 import signal
 import socket
 import subprocess
@@ -203,6 +206,125 @@ def test_corrupted_checkpoint_is_named_and_nothing_is_published(prepared):
         distill.run(params)
     assert not storage.exists(f"{store}/manifests/distill/corrupt.json")
     assert [u for u in storage.list_uris(f"{store}/students/corrupt") if "/checkpoints/" not in u] == []
+
+
+def test_rng_states_survive_a_weights_only_round_trip():
+    """The RNG states a checkpoint carries are tensors and plain types: they load with weights_only=True
+    and every generator (Python, NumPy, torch) continues exactly."""
+    import random
+
+    import torch
+
+    from tasks.stages.distill.state import restore_rng, rng_states
+
+    random.gauss(0, 1), np.random.standard_normal()  # cached Gaussians are part of the state
+    buffer = io.BytesIO()
+    torch.save({"rng": [rng_states()]}, buffer)
+
+    def draw():
+        return random.random(), random.gauss(0, 1), np.random.standard_normal(3).tolist(), torch.rand(3).tolist()
+
+    expected = draw()
+    restore_rng(torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)["rng"][0])
+    assert draw() == expected
+
+
+class _Stop(Exception):
+    """Ends a run right after its first checkpoint, as a kill would."""
+
+
+def _checkpointed_run(prepared, monkeypatch, name):
+    """A run of ``name`` stopped right after its checkpoint of step 1: its params, ``latest.json``'s URI
+    and the pointer in it."""
+    params = _params(prepared, max_steps=6, checkpoint_every=1, name=name)
+    save = distill.Trainer._save_checkpoint
+
+    def save_then_stop(self):
+        save(self)
+        raise _Stop
+
+    with monkeypatch.context() as patch:
+        patch.setattr(distill.Trainer, "_save_checkpoint", save_then_stop)
+        with pytest.raises(_Stop):
+            distill.run(params)
+    latest = f"{prepared['store']}/students/{name}/checkpoints/latest.json"
+    return params, latest, json.loads(storage.read_bytes(latest))
+
+
+def _nothing_published(store, name):
+    return not storage.exists(f"{store}/manifests/distill/{name}.json") and not [
+        u for u in storage.list_uris(f"{store}/students/{name}") if "/checkpoints/" not in u
+    ]
+
+
+class _Planted:
+    """Unpickling it touches ``marker``: what a planted checkpoint could do as the worker's user."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (self.marker,))
+
+
+@pytest.mark.parametrize(
+    ("form", "refusal"),
+    [("torch.save", "not a safe checkpoint, refused"), ("pickle", "not a torch archive\\); refused")],
+    ids=["torch-save", "raw-pickle"],
+)
+def test_a_planted_pickle_is_refused_and_never_run(prepared, monkeypatch, tmp_path, form, refusal):
+    """A ``step-00000006.pt`` planted in the run's folder whose unpickling would run code (touch a marker)."""
+    import torch
+
+    name = f"planted-{form.replace('.', '-')}"
+    params, latest, pointer = _checkpointed_run(prepared, monkeypatch, name)
+    marker = tmp_path / "marker"
+    planted = pointer["uri"].rsplit("/", 1)[0] + "/step-00000006.pt"
+    buffer = io.BytesIO()
+    torch.save({"model": _Planted(marker)}, buffer)
+    body = buffer.getvalue() if form == "torch.save" else pickle.dumps({"model": _Planted(marker)})
+    storage.write_bytes(planted, body)
+    storage.write_bytes(latest, json.dumps({**pointer, "uri": planted, "step": 6}).encode())
+    with pytest.raises(distill.DistillError, match=f"^{re.escape(planted)}: .*{refusal}.*--force"):
+        distill.run(params)
+    assert not marker.exists()
+    assert _nothing_published(prepared["store"], name)
+    # the planted file is live: an unsafe load runs it
+    if form == "torch.save":
+        torch.load(io.BytesIO(body), weights_only=False)
+    else:
+        pickle.loads(body)
+    assert marker.exists()
+
+
+@pytest.mark.parametrize(
+    ("kind", "named"),
+    [
+        pytest.param(kind, named, id=kind)
+        for kind, named in [
+            ("other-run", "{store}/students/{name}-other/checkpoints/step-00000001.pt"),
+            ("dot-dot", "{prefix}/../../{name}-other/checkpoints/step-00000001.pt"),
+            ("outside-store", "{outside}/step-00000001.pt"),
+            ("bad-name", "{prefix}/stolen.pt"),  # in the folder, not a step-<8 digits>.pt
+            ("dot", "{prefix}/./step-00000001.pt"),  # the run's own checkpoint, spelt with a '.' segment
+        ]
+    ],
+)
+def test_a_pointer_outside_the_run_folder_is_refused(prepared, monkeypatch, tmp_path, kind, named):
+    """``latest.json`` may name only a ``step-<8 digits>.pt`` of this run's checkpoint folder; each URI here
+    holds a genuine checkpoint of the same fingerprint, so only the confinement refuses it."""
+    name = f"confined-{kind}"
+    params, latest, pointer = _checkpointed_run(prepared, monkeypatch, name)
+    prefix = pointer["uri"].rsplit("/", 1)[0]
+    uri = named.format(store=prepared["store"], name=name, prefix=prefix, outside=storage.to_uri(str(tmp_path)))
+    if "/./" not in uri:
+        storage.write_bytes(uri, storage.read_bytes(pointer["uri"]))
+    storage.write_bytes(latest, json.dumps({**pointer, "uri": uri}).encode())
+    with pytest.raises(distill.DistillError, match=f"^{re.escape(latest)}: names '{re.escape(uri)}'.*refused"):
+        distill.run(params)
+    assert _nothing_published(prepared["store"], name)
+    storage.write_bytes(latest, json.dumps(pointer).encode())  # the run's own checkpoint still resumes
+    assert distill.run(params).stats["init"]["resumed_from_step"] == 1
 
 
 def test_bad_training_data_is_named(prepared, tmp_path):

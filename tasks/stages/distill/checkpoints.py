@@ -3,17 +3,29 @@
 Each checkpoint holds the model, optimizer, scheduler and scaler states, the best weights so far,
 the run's progress and every process's RNG states; ``latest.json`` names the newest with the run's
 fingerprint, so only a run with the same inputs and params resumes from it. The two newest are kept.
+
+The store is not trusted with code: a checkpoint holds tensors and plain types only (see
+:func:`tasks.stages.distill.state.rng_states`) and loads with ``torch.load(..., weights_only=True)``,
+so a planted pickle is refused, never run; and ``latest.json`` may only name a ``step-<8 digits>.pt``
+of this run's own folder.
 """
 
 from __future__ import annotations
 
 import io
 import json
+import re
 from typing import Any
 
-from tasks.core import catalog, storage
+from tasks.core import catalog, storage, uris
 
 LATEST = "latest.json"
+STEP_NAME = re.compile(r"step-\d{8}\.pt")
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or ``latest.json`` pointer that is refused; the message starts with its URI."""
 
 
 class Checkpoints:
@@ -28,8 +40,38 @@ class Checkpoints:
         uri = storage.join(self.prefix, LATEST)
         if not storage.exists(uri):
             return None
-        pointer = json.loads(storage.read_bytes(uri))
+        try:
+            pointer = json.loads(storage.read_bytes(uri))
+        except ValueError as exc:
+            raise CheckpointError(f"{uri}: corrupted checkpoint pointer ({exc})") from None
+        if not isinstance(pointer, dict):
+            raise CheckpointError(f"{uri}: corrupted checkpoint pointer (not a JSON object)")
         return pointer if pointer.get("fingerprint") == self.fingerprint else None
+
+    def resume(self) -> tuple[dict[str, Any], str, dict[str, Any]] | None:
+        """The latest checkpoint of this fingerprint: its pointer, URI and payload; None when there is none."""
+        pointer = self.latest()
+        if pointer is None:
+            return None
+        uri = self.checkpoint_uri(pointer)
+        return pointer, uri, self.load(uri)
+
+    def checkpoint_uri(self, pointer: dict[str, Any]) -> str:
+        """The checkpoint ``pointer`` names, when it is a ``step-<8 digits>.pt`` directly in :attr:`prefix`
+        (spelt as :meth:`save` spells it); anything else is refused unread."""
+        where, named = storage.join(self.prefix, LATEST), pointer.get("uri")
+        try:
+            uri = uris.contained(self.prefix, str(named))
+        except storage.StorageError as exc:
+            raise CheckpointError(
+                f"{where}: names {named!r}, outside this run's checkpoints {self.prefix} ({exc.message}); refused"
+            ) from None
+        name = uri.rsplit("/", 1)[-1]
+        if not STEP_NAME.fullmatch(name) or named != storage.join(self.prefix, name):
+            raise CheckpointError(
+                f"{where}: names {named!r}, not a step-<8 digits>.pt checkpoint directly in {self.prefix}; refused"
+            )
+        return uri
 
     def save(self, step: int, payload: dict[str, Any], init_record: dict[str, Any]) -> str:
         """Publish the checkpoint of ``step``, point ``latest.json`` at it, drop all but the newest two."""
@@ -46,9 +88,33 @@ class Checkpoints:
             storage.delete(stale)
         return uri
 
-    @staticmethod
-    def load(uri: str) -> dict[str, Any]:
-        """The payload of checkpoint ``uri``, on the CPU (RNG states must stay CPU tensors)."""
+    def load(self, uri: str) -> dict[str, Any]:
+        """The payload of checkpoint ``uri``, on the CPU (RNG states must stay CPU tensors). Weights-only:
+        tensors and plain types load, any other object (a pickled class or callable) is refused unrun."""
         import torch
 
-        return torch.load(io.BytesIO(storage.read_bytes(uri)), map_location="cpu", weights_only=False)
+        try:
+            body = storage.read_bytes(uri)
+        except storage.StorageError as exc:
+            raise CheckpointError(f"{uri}: corrupted or incompatible checkpoint ({exc.message})") from None
+        if not body.startswith(ZIP_MAGIC):
+            raise CheckpointError(f"{uri}: corrupted or incompatible checkpoint (not a torch archive); refused")
+        try:
+            payload = torch.load(io.BytesIO(body), map_location="cpu", weights_only=True)
+        except Exception as exc:  # a damaged archive fails in many ways (zip, unpickling)
+            raise _refused(uri, exc) from None
+        if not isinstance(payload, dict) or payload.get("fingerprint") != self.fingerprint:
+            raise CheckpointError(f"{uri}: corrupted or incompatible checkpoint (not one of this fingerprint's)")
+        return payload
+
+
+def _refused(uri: str, exc: Exception) -> CheckpointError:
+    """Why ``torch.load(..., weights_only=True)`` refused ``uri``, without torch's advice to load it unsafely."""
+    text = str(exc)
+    if type(exc).__name__ != "UnpicklingError" or "WeightsUnpickler error:" not in text:  # not pickle's refusal
+        return CheckpointError(f"{uri}: corrupted or incompatible checkpoint ({type(exc).__name__}: {exc})")
+    detail = text.split("WeightsUnpickler error:", 1)[1].split("Check the documentation", 1)[0].split(" Please", 1)[0]
+    return CheckpointError(
+        f"{uri}: not a safe checkpoint, refused: it holds more than tensors and plain types "
+        f"({' '.join(detail.split())[:300]}); nothing in it was run"
+    )

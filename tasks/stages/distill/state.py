@@ -52,20 +52,34 @@ def seed_everything(seed: int) -> None:
 
 
 def rng_states() -> dict[str, Any]:
-    """This process's Python, NumPy, torch (and CUDA) generator states."""
+    """This process's Python, NumPy, torch (and CUDA) generator states, as tensors and plain types only, so
+    that a checkpoint holding them loads with ``torch.load(..., weights_only=True)`` (NumPy's own state
+    is a tuple with an ndarray, which the weights-only unpickler refuses)."""
     import torch
 
-    states = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+    numpy_state = {
+        "name": str(name),
+        "keys": [int(key) for key in keys],
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "cached_gaussian": float(cached_gaussian),
+    }
+    states = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
     if torch.cuda.is_available():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
 
 
 def restore_rng(states: dict[str, Any]) -> None:
+    """Restore what :func:`rng_states` saved."""
     import torch
 
-    random.setstate(states["python"])
-    np.random.set_state(states["numpy"])
+    version, internal, gauss_next = states["python"]
+    random.setstate((version, tuple(internal), gauss_next))
+    saved = states["numpy"]
+    keys = np.asarray(saved["keys"], dtype=np.uint32)
+    np.random.set_state((saved["name"], keys, saved["pos"], saved["has_gauss"], saved["cached_gaussian"]))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])

@@ -17,7 +17,7 @@ import numpy as np
 from tqdm import tqdm
 
 from tasks.ml import metrics, student
-from tasks.stages.distill.checkpoints import Checkpoints
+from tasks.stages.distill.checkpoints import CheckpointError, Checkpoints
 from tasks.stages.distill.data import Batch, Position, TrainingData
 from tasks.stages.distill.distributed import Distributed
 from tasks.stages.distill.optimization import Optimization
@@ -51,10 +51,11 @@ class Trainer:
 
     def restore_or_initialise(self, force: bool) -> dict:
         """Resume from the latest checkpoint of this run (same fingerprint), or initialise the head."""
-        latest = None if force else self.checkpoints.latest()
-        if latest is not None:
-            self._restore(latest["uri"])
-            self.init_record = latest.get("init", {})
+        found = None if force else _latest_checkpoint(self.checkpoints)
+        if found is not None:
+            pointer, uri, payload = found
+            self._restore(uri, payload)
+            self.init_record = pointer.get("init", {})
             return {**self.init_record, "resumed_from_step": self.state.step}
         first = next(self.data.batches(Position(), min(self.params.init_rows, self.data.train_rows)))
         self.init_record = student.initialise_head(
@@ -166,19 +167,26 @@ class Trainer:
                 self.init_record,
             )
 
-    def _restore(self, uri: str) -> None:
+    def _restore(self, uri: str, payload: dict) -> None:
         try:  # the optimizer moves its own state to the model's device
-            payload = Checkpoints.load(uri)
             self.model.load_state_dict(payload["model"])
             self.optim.load_state_dict(payload)
             self.best_weights = payload["best_weights"]
             self.state = TrainState.from_dict(payload["state"])
             restore_rng(payload["rng"][self.dist.rank])
-        except Exception as exc:  # a damaged file fails in many ways (unpickling, zip, shapes, missing keys)
+        except Exception as exc:  # a damaged payload fails in many ways (shapes, missing keys, types)
             raise DistillError(
                 f"{uri}: corrupted or incompatible checkpoint ({type(exc).__name__}: {exc}); "
                 f"rerun with --force to start over"
             ) from None
+
+
+def _latest_checkpoint(checkpoints: Checkpoints) -> tuple[dict, str, dict] | None:
+    """This run's latest checkpoint (pointer, URI, payload), if any; a refused one is a :class:`DistillError`."""
+    try:
+        return checkpoints.resume()
+    except CheckpointError as exc:
+        raise DistillError(f"{exc}; rerun with --force to start over") from None
 
 
 def _build_student(params: DistillParams, dim: int, device: str) -> Any:
