@@ -4,9 +4,10 @@ A manifest lives where the catalog puts it (``manifests/<stage>/<key>.json``; th
 run covers, e.g. ``ingest_date=2026-11-30``). Its records are typed: :class:`Input`, :class:`Output`
 and :class:`Manifest`; on disk it is JSON checked against ``schemas/manifest.schema.json``. Its
 ``fingerprint`` hashes the stage, key, input checksums and params: a run that finds a manifest with
-its own fingerprint has nothing to do. The manifest is published after every output
-(create-if-absent the first time, compare-and-swap on a rerun), so "manifest present" means "outputs
-complete".
+its own fingerprint, whose outputs are all still published with their recorded sizes, has nothing to
+do. The manifest is published after every output (create-if-absent the first time, compare-and-swap
+on a rerun), so "manifest present" means "outputs complete". A manifest is checked against the schema
+whenever it is read; one that is not valid is named in the error, and a forced run replaces it.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ KEY_PACKAGES = (
 # Whole words only: "aws_secret_access_key" and "session_token" are secrets, "max_tokens" is not.
 _SECRET_KEY = re.compile(r"(^|_)(secret|password|passwd|token|credentials?|access_key|api_key)(_id)?$", re.IGNORECASE)
 _URI_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", re.IGNORECASE)
+_MAX_MESSAGE = 300  # a schema error quotes the offending value: keep a huge one from flooding the log
 
 
 @dataclass(frozen=True)
@@ -178,13 +180,44 @@ def _schema() -> dict[str, Any]:
     return cast(dict[str, Any], json.loads(resources.files("schemas").joinpath("manifest.schema.json").read_text()))
 
 
-def validate(manifest: dict[str, Any]) -> None:
-    """Raise :class:`ManifestError` unless ``manifest`` matches ``schemas/manifest.schema.json``."""
+@cache
+def _validator() -> Any:
+    """The schema's validator, built (and the schema checked) once per process: manifests are read often."""
+    schema = _schema()
+    validator_class = jsonschema.validators.validator_for(schema)
+    validator_class.check_schema(schema)
+    return validator_class(schema, format_checker=jsonschema.FormatChecker())
+
+
+def validate(manifest: Any, uri: str | None = None) -> None:
+    """Raise :class:`ManifestError` unless ``manifest`` matches ``schemas/manifest.schema.json``;
+    the message starts with ``uri`` when the document was read from one."""
+    error = jsonschema.exceptions.best_match(_validator().iter_errors(manifest))
+    if error is None:
+        return
+    where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+    message = error.message if len(error.message) <= _MAX_MESSAGE else error.message[:_MAX_MESSAGE] + "..."
+    if uri is None:
+        raise ManifestError(f"manifest invalid at {where}: {message}")
+    raise ManifestError(f"{uri}: not a manifest (invalid at {where}: {message})")
+
+
+def parse(uri: str, body: bytes) -> Manifest:
+    """The manifest read from ``uri``: JSON that matches the schema, else :class:`ManifestError` naming ``uri``."""
     try:
-        jsonschema.validate(manifest, _schema(), format_checker=jsonschema.FormatChecker())
-    except jsonschema.ValidationError as exc:
-        where = "/".join(str(p) for p in exc.absolute_path) or "(root)"
-        raise ManifestError(f"manifest invalid at {where}: {exc.message}") from None
+        document = json.loads(body)
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, absurd nesting
+        raise ManifestError(f"{uri}: not a readable manifest ({exc})") from None
+    validate(document, uri)
+    return Manifest.from_dict(document, uri)
+
+
+def _intact(output: Output) -> bool:
+    """Whether ``output`` is still published with its recorded size (one HEAD; no re-hashing)."""
+    try:
+        return storage.head(output.uri).size == output.bytes
+    except storage.ObjectNotFound:
+        return False
 
 
 @cache
@@ -238,6 +271,7 @@ class StageRun:
     _clock: float = field(default_factory=time.perf_counter)
     _previous: Manifest | None = None
     _previous_etag: str | None = None
+    _previous_error: ManifestError | None = None
     _looked_up: bool = False
 
     @property
@@ -248,27 +282,48 @@ class StageRun:
     def fingerprint(self) -> str:
         return fingerprint(self.stage, self.key, self.inputs, self.params)
 
-    def previous(self) -> Manifest | None:
-        """The manifest already published for this stage and key (any fingerprint), if any."""
+    def _look_up(self) -> None:
+        """Read the published manifest once: its etag always (for the compare-and-swap of :meth:`publish`),
+        the document when it is a valid manifest, else the error that says why not."""
         self._looked_up = True
-        document, self._previous_etag = storage.read_json_versioned(self.uri)
-        self._previous = None if document is None else Manifest.from_dict(document, self.uri)
+        self._previous, self._previous_etag, self._previous_error = None, None, None
+        try:
+            info = storage.head(self.uri)
+            body = storage.read_bytes(self.uri)
+        except storage.ObjectNotFound:
+            return
+        self._previous_etag = info.etag
+        try:
+            self._previous = parse(self.uri, body)
+        except ManifestError as exc:
+            self._previous_error = exc
+
+    def previous(self) -> Manifest | None:
+        """The manifest already published for this stage and key (any fingerprint), if any; raises
+        :class:`ManifestError` naming the URI when what is published there is not a valid manifest."""
+        self._look_up()
+        if self._previous_error is not None:
+            raise ManifestError(str(self._previous_error))
         return self._previous
 
     def previous_outputs(self) -> set[str]:
-        """URIs listed by the manifest this run replaces, as read when the run first looked for it."""
-        previous = self._previous if self._looked_up else self.previous()
-        return {o.uri for o in previous.outputs} if previous else set()
+        """URIs listed by the manifest this run replaces, as read when the run first looked for it.
+        A corrupt manifest lists nothing: a forced run replaces it and deletes no shard on its word."""
+        if not self._looked_up:
+            self._look_up()
+        return {o.uri for o in self._previous.outputs} if self._previous else set()
 
     def completed(self) -> Manifest | None:
-        """The published manifest if it has this run's fingerprint: the work is already done."""
+        """The published manifest if the work is already done: it has this run's fingerprint and every
+        output it lists is still published with its recorded size."""
         previous = self.previous()
-        if previous is not None and previous.fingerprint == self.fingerprint:
-            return previous
-        return None
+        if previous is None or previous.fingerprint != self.fingerprint:
+            return None
+        return previous if all(_intact(o) for o in previous.outputs) else None
 
     def skip_result(self, force: bool) -> StageResult | None:
-        """The result of skipping this run (its manifest matches), or None when it must run."""
+        """The result of skipping this run (its work is done), or None when it must run. A forced run
+        reads no manifest here, so it recovers from a corrupt one."""
         done = None if force else self.completed()
         return None if done is None else StageResult.of(done, self.uri, skipped=True)
 
@@ -326,31 +381,30 @@ class StageRun:
         that published in between is detected instead of overwritten.
         """
         if not self._looked_up:
-            self.previous()
+            self._look_up()  # a corrupt manifest is replaced: only its etag is needed
         document = self.build()
         body = json.dumps(document, indent=2, sort_keys=True).encode()
         try:
             storage.compare_and_swap(self.uri, body, self._previous_etag)
         except storage.PreconditionFailed:
-            document = json.loads(storage.read_bytes(self.uri))
-            if document.get("fingerprint") != self.fingerprint:
+            winner = parse(self.uri, storage.read_bytes(self.uri))
+            if winner.fingerprint != self.fingerprint:
                 raise ManifestError(
                     f"{self.uri}: a concurrent {self.stage} run published a manifest for "
                     f"different inputs or params; rerun to reconcile"
                 ) from None
+            return StageResult.of(winner, self.uri, skipped=False)
         return StageResult.of(Manifest.from_dict(document, self.uri), self.uri, skipped=False)
 
 
 def read(store: str, stage: Stage, key: str) -> Manifest | None:
-    """A published manifest, or None."""
+    """A published manifest, or None; :class:`ManifestError` naming the URI when it is not a valid one."""
     uri = catalog.manifest_uri(store, stage, key)
     try:
-        document = json.loads(storage.read_bytes(uri))
+        body = storage.read_bytes(uri)
     except storage.ObjectNotFound:
         return None
-    except json.JSONDecodeError as exc:
-        raise ManifestError(f"{uri}: not a readable manifest ({exc})") from None
-    return Manifest.from_dict(document, uri)
+    return parse(uri, body)
 
 
 def list_keys(store: str, stage: Stage, under: str = "") -> list[str]:

@@ -114,3 +114,93 @@ def test_manifest_records_are_typed_and_a_non_manifest_is_named(store):
     storage.write_bytes(run.uri, b"[]")
     with pytest.raises(manifest.ManifestError, match=f"{run.uri}: not a manifest"):
         manifest.read(store, "demo_stage", "ingest_date=2026-11-30")
+
+
+def _published_run(store):
+    run = _run(store)
+    run.write_output(f"{store}/out/a.bin", b"first output")
+    run.write_output(f"{store}/out/b.bin", b"second output")
+    run.publish()
+    return run
+
+
+def _without(document, name):
+    return {k: v for k, v in document.items() if k != name}
+
+
+def _recording(calls, real):
+    def recorded(uri, *args, **kwargs):
+        calls.append(uri)
+        return real(uri, *args, **kwargs)
+
+    return recorded
+
+
+def _with_bad_output_bytes(document):
+    return {**document, "outputs": [{**document["outputs"][0], "bytes": "12"}]}
+
+
+CORRUPTIONS = {
+    "empty-list": lambda body: b"[]",
+    "not-json": lambda body: b"{not json",
+    "not-utf8": lambda body: b"\xff\xfe{}",
+    "no-outputs": lambda body: json.dumps(_without(json.loads(body), "outputs")).encode(),
+    "no-host": lambda body: json.dumps(_without(json.loads(body), "host")).encode(),
+    "output-bytes-a-string": lambda body: json.dumps(_with_bad_output_bytes(json.loads(body))).encode(),
+}
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_a_corrupt_manifest_is_refused_naming_its_uri(store_root, corruption):
+    run = _published_run(store_root)
+    storage.write_bytes(run.uri, CORRUPTIONS[corruption](storage.read_bytes(run.uri)))
+    with pytest.raises(manifest.ManifestError) as read_error:
+        manifest.read(store_root, "demo_stage", "ingest_date=2026-11-30")
+    assert str(read_error.value).startswith(f"{run.uri}: ")
+    for attempt in (lambda r: r.previous(), lambda r: r.completed(), lambda r: r.skip_result(force=False)):
+        with pytest.raises(manifest.ManifestError) as run_error:
+            attempt(_run(store_root))
+        assert str(run_error.value).startswith(f"{run.uri}: ")
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPTIONS))
+def test_a_forced_run_replaces_a_corrupt_manifest(store_root, corruption, monkeypatch):
+    _published_run(store_root)
+    forced = _run(store_root)
+    storage.write_bytes(forced.uri, CORRUPTIONS[corruption](storage.read_bytes(forced.uri)))
+    reads = []
+    with monkeypatch.context() as patched:
+        patched.setattr(storage, "read_bytes", _recording(reads, storage.read_bytes))
+        assert forced.skip_result(force=True) is None
+    assert reads == []  # a forced run does not read the manifest to decide
+    assert forced.previous_outputs() == set()  # nothing listed by a corrupt manifest gets deleted
+    forced.write_output(f"{store_root}/out/c.bin", b"third output")
+    published = forced.publish()
+    assert published.manifest.run_id == forced.run_id
+    on_store = manifest.read(store_root, "demo_stage", "ingest_date=2026-11-30")
+    assert on_store.run_id == forced.run_id and on_store.outputs == published.outputs
+    manifest.validate(on_store.document)
+
+
+def test_a_skip_needs_every_output_with_its_recorded_size(store_root):
+    run = _published_run(store_root)
+    first, second = (o.uri for o in manifest.read(store_root, "demo_stage", "ingest_date=2026-11-30").outputs)
+    assert _run(store_root).completed() is not None
+    storage.write_bytes(second, b"second outpu")  # truncated
+    assert _run(store_root).completed() is None
+    assert _run(store_root).skip_result(force=False) is None
+    storage.write_bytes(second, b"second output")
+    assert _run(store_root).completed().run_id == run.run_id
+    storage.delete(first)
+    assert _run(store_root).completed() is None
+    assert _run(store_root).previous_outputs() == {first, second}  # the rebuild still knows what it replaces
+
+
+def test_a_verified_skip_costs_one_head_per_output_and_reads_only_the_manifest(store, monkeypatch):
+    run = _published_run(store)
+    heads, reads = [], []
+    monkeypatch.setattr(storage, "head", _recording(heads, storage.head))
+    monkeypatch.setattr(storage, "read_bytes", _recording(reads, storage.read_bytes))
+    assert _run(store).skip_result(force=False) is not None
+    assert reads == [run.uri]
+    assert sorted(heads) == sorted([run.uri, f"{store}/out/a.bin", f"{store}/out/b.bin"])

@@ -1,12 +1,15 @@
 import gzip
 import json
+import re
 from datetime import date
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.core import config, manifest, storage
+from tasks import cli
+from tasks.core import catalog, config, manifest, storage
+from tasks.core.catalog import Stage
 from tasks.core.sentences import normalise, sentence_id
 from tasks.core.sentences import shards as partition_shards
 from tasks.stages.stage_corpus import CorpusInputError, StageCorpusParams, run
@@ -162,3 +165,63 @@ def test_limit_stages_a_sample_across_files(store, tmp_path):
     result = run(_params(store, folder, limit=3))
     assert [r["text"] for r in _staged_rows(store)] == ["one", "two"]
     assert [i.rows for i in result.manifest.inputs] == [2, 1]
+
+
+def _shard_bodies(outputs):
+    return {o.uri: storage.read_bytes(o.uri) for o in outputs}
+
+
+@pytest.mark.parametrize("damage", ["delete_every_shard", "truncate_one_shard"])
+def test_a_rerun_rebuilds_missing_or_damaged_shards(store, tmp_path, damage):
+    source = tmp_path / "raw.txt"
+    source.write_text("\n".join(f"sentence {i}" for i in range(10)))
+    first = run(_params(store, source, shard_rows=3))
+    bodies = _shard_bodies(first.outputs)
+    assert len(bodies) == 4
+    if damage == "delete_every_shard":
+        for uri in bodies:
+            storage.delete(uri)
+    else:
+        uri = first.outputs[1].uri
+        storage.write_bytes(uri, bodies[uri][:-7])
+    rerun = run(_params(store, source, shard_rows=3))
+    assert not rerun.skipped and rerun.manifest.run_id != first.manifest.run_id
+    assert rerun.outputs == first.outputs  # content-addressed: the same shards, byte for byte
+    assert _shard_bodies(rerun.outputs) == bodies
+    assert set(storage.list_uris(f"{store}/sentences")) == set(bodies)
+    assert run(_params(store, source, shard_rows=3)).skipped
+
+
+CORRUPT_MANIFESTS = {
+    "empty-list": lambda body: b"[]",
+    "not-json": lambda body: b"{not json",
+    "no-outputs": lambda body: json.dumps({k: v for k, v in json.loads(body).items() if k != "outputs"}).encode(),
+}
+
+
+@pytest.mark.parametrize("corruption", list(CORRUPT_MANIFESTS))
+def test_a_corrupt_manifest_fails_the_rerun_and_force_replaces_it(store, tmp_path, capsys, corruption):
+    source = tmp_path / "raw.txt"
+    source.write_text("\n".join(f"sentence {i}" for i in range(10)))
+    argv = ["stage-corpus", "--source", str(source), "--ingest-date", DAY1.isoformat(), "--store", store]
+    argv += ["--shard-rows", "3", "--quiet"]
+    assert cli.main(argv) == 0
+    first = json.loads(capsys.readouterr().out)
+    shards = set(partition_shards(store, DAY1))
+    uri = first["manifest"]
+    storage.write_bytes(uri, CORRUPT_MANIFESTS[corruption](storage.read_bytes(uri)))
+
+    assert cli.main(argv) == 1
+    assert capsys.readouterr().err.startswith(f"hpd: error: {uri}: ")
+    with pytest.raises(manifest.ManifestError, match=f"^{re.escape(uri)}: "):
+        manifest.read(store, Stage.STAGE_CORPUS, catalog.partition_key(DAY1))
+
+    assert cli.main([*argv, "--force"]) == 0
+    forced = json.loads(capsys.readouterr().out)
+    assert forced["skipped"] is False and forced["outputs"] == 4
+    published = manifest.read(store, Stage.STAGE_CORPUS, catalog.partition_key(DAY1))
+    manifest.validate(published.document)
+    assert {o.uri for o in published.outputs} == shards
+    assert all(storage.exists(s) for s in shards)
+    assert cli.main(argv) == 0
+    assert json.loads(capsys.readouterr().out)["skipped"] is True
