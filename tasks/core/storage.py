@@ -10,6 +10,10 @@ S3 URIs are ``s3://bucket/key``.  The S3 client comes from the Airflow connectio
 retries throttling, 5xx and connection errors.  Tuning: ``HPD_S3_MAX_ATTEMPTS`` (total attempts per
 request, default 8), ``HPD_S3_MULTIPART_THRESHOLD`` (default 64 MiB) and ``HPD_S3_PART_SIZE``
 (default 8 MiB, min 5 MiB).
+
+Verified reads: ``read_bytes`` and ``read_parquet`` take the ``sha256`` a manifest records for the
+object. The bytes are hashed as they arrive (chunk by chunk, no second pass) and a mismatch raises
+:class:`IntegrityError` before anything is parsed.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, NoC
 from tasks.core.uris import StorageError, join, to_uri
 
 __all__ = [
+    "IntegrityError",
     "ObjectInfo",
     "ObjectNotFound",
     "PreconditionFailed",
@@ -66,6 +71,20 @@ class ObjectNotFound(StorageError):
 
 class PreconditionFailed(StorageError):
     """A conditional write lost: the object exists already, or its etag is stale."""
+
+
+class IntegrityError(StorageError):
+    """The object's bytes do not hash to the sha256 recorded for it: altered since it was published."""
+
+    def __init__(self, uri: str, expected: str, actual: str) -> None:
+        super().__init__(
+            uri, f"sha256 mismatch: expected {expected}, read {actual}; the object is not what its manifest records"
+        )
+        self.expected = expected
+        self.actual = actual
+
+    def __reduce__(self) -> tuple[type[IntegrityError], tuple[str, str, str]]:
+        return type(self), (self.uri, self.expected, self.actual)
 
 
 @dataclass(frozen=True)
@@ -458,6 +477,63 @@ def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     yield from rest
 
 
+# --------------------------------------------------------------------------------- verified reads
+
+
+def _readinto_hashing(fh: io.FileIO, view: memoryview, digest: Any) -> int:
+    """Fill ``view`` from ``fh`` chunk by chunk, hashing each chunk while it is still in cache; bytes read."""
+    got = 0
+    while got < len(view):
+        count = fh.readinto(view[got : got + _CHUNK])
+        if not count:
+            break
+        digest.update(view[got : got + count])
+        got += count
+    return got
+
+
+def _read_local_hashing(uri: str, digest: Any) -> Any:
+    """The whole file in one buffer from Arrow's memory pool (no zero-fill, no copy), hashed as it is read."""
+    try:
+        with open(_local_path(uri), "rb", buffering=0) as fh:
+            buffer = pa.allocate_buffer(os.fstat(fh.fileno()).st_size)
+            got = _readinto_hashing(fh, memoryview(buffer), digest)
+            tail = fh.read()  # only if the file grew since fstat; published objects never do
+    except OSError as exc:
+        raise _BACKENDS["file"]._fail(uri, exc) from exc
+    if tail or got < buffer.size:
+        digest.update(tail)
+        return memoryview(buffer)[:got].tobytes() + tail
+    return buffer
+
+
+def _read_s3_hashing(uri: str, digest: Any) -> bytes:
+    """The whole object, hashed chunk by chunk as it streams in."""
+    backend = _BACKENDS["s3"]
+    assert isinstance(backend, _S3)
+    bucket, key = backend._object(uri)
+    parts = []
+    try:
+        body = s3_client().get_object(Bucket=bucket, Key=key)["Body"]
+        for chunk in body.iter_chunks(_CHUNK):
+            digest.update(chunk)
+            parts.append(chunk)
+    except (ClientError, BotoCoreError) as exc:
+        raise backend._fail(uri, exc) from exc
+    return b"".join(parts)
+
+
+def _read_verified(uri: str, sha256: str) -> Any:
+    """The object's bytes (bytes or an Arrow buffer) once they hash to ``sha256``; else IntegrityError."""
+    backend = _backend(uri)
+    digest = hashlib.sha256()
+    data = _read_local_hashing(uri, digest) if isinstance(backend, _Local) else _read_s3_hashing(uri, digest)
+    actual = digest.hexdigest()
+    if actual != sha256.lower():
+        raise IntegrityError(uri, sha256, actual)
+    return data
+
+
 # --------------------------------------------------------------------------------------- dispatch
 
 _BACKENDS: dict[str, _Local | _S3] = {"file": _Local(), "s3": _S3()}
@@ -472,9 +548,15 @@ def _backend(uri: str) -> _Local | _S3:
     return _BACKENDS[scheme]
 
 
-def read_bytes(uri: str) -> bytes:
-    """Return the whole object; raises ObjectNotFound."""
-    return _backend(uri).read_bytes(uri)
+def read_bytes(uri: str, sha256: str | None = None) -> bytes:
+    """Return the whole object; raises ObjectNotFound.
+
+    With ``sha256`` (the digest a manifest records), the bytes are hashed as they are read and
+    :class:`IntegrityError` (naming the URI, the expected and the actual digest) is raised on a mismatch.
+    """
+    if sha256 is None:
+        return _backend(uri).read_bytes(uri)
+    return bytes(_read_verified(uri, sha256))
 
 
 def write_bytes(uri: str, data: bytes | BinaryIO) -> ObjectInfo:
@@ -529,9 +611,13 @@ def delete(uri: str) -> None:
     _backend(uri).delete(uri)
 
 
-def read_parquet(uri: str, columns: list[str] | None = None) -> pa.Table:
-    """Read a Parquet object, optionally only ``columns``."""
-    data = read_bytes(uri)
+def read_parquet(uri: str, columns: list[str] | None = None, sha256: str | None = None) -> pa.Table:
+    """Read a Parquet object, optionally only ``columns``.
+
+    With ``sha256`` the whole object is read once and verified as in :func:`read_bytes`, whatever
+    ``columns`` asks for; only verified bytes reach the Parquet reader (zero-copy, from memory).
+    """
+    data = read_bytes(uri) if sha256 is None else _read_verified(uri, sha256)
     try:
         return pq.read_table(pa.BufferReader(data), columns=columns)
     except (pa.ArrowException, KeyError) as exc:

@@ -171,7 +171,7 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
     generated: list[tuple[Augmenter, dict, str, str]] = []  # (augmenter, parent, normalised variant, its shard)
     for augmenter in augmenters:
         with stage_run.phase(augmenter.method):
-            generated.extend(_generate(params, augmenter, [i.uri for i in stage_run.inputs], progress))
+            generated.extend(_generate(params, augmenter, stage_run.inputs, progress))
     with stage_run.phase("dedup"):
         rows, counts = _deduplicated(params.store, generated, augmenters)
     table = sentences.table(rows, params.ingest_date)
@@ -180,12 +180,15 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
 
 
 def _generate(
-    params: AugmentParams, augmenter: Augmenter, shard_uris: list[str], progress: bool
+    params: AugmentParams, augmenter: Augmenter, shards: list[manifest.Input], progress: bool
 ) -> list[tuple[Augmenter, dict, str, str]]:
-    """(augmenter, parent row, normalised variant, parent shard) for every selected parent."""
+    """(augmenter, parent row, normalised variant, parent shard) for every selected parent. Each staged
+    shard is read verified against the checksum the staging manifest records."""
     generated = []
-    for shard_uri in tqdm(shard_uris, disable=not progress, desc=f"augment {augmenter.method}", unit=" shard"):
-        parents = storage.read_parquet(shard_uri, columns=["sentence_id", "text", "line"]).to_pylist()
+    for shard in tqdm(shards, disable=not progress, desc=f"augment {augmenter.method}", unit=" shard"):
+        shard_uri = shard.uri
+        columns = ["sentence_id", "text", "line"]
+        parents = storage.read_parquet(shard_uri, columns=columns, sha256=shard.sha256).to_pylist()
         parents = [p for p in parents if selected(params.seed, augmenter.method, p["sentence_id"], params.fraction)]
         variants = augmenter.apply([(p["sentence_id"], p["text"]) for p in parents])
         generated.extend(

@@ -83,7 +83,7 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
     if skipped := stage_run.skip_result(force):
         return skipped
     prefix = catalog.index_prefix(params.store, name, stage_run.fingerprint)
-    corpus = _encode_corpus(params, stage_run, [o.uri for o in staged], prefix, progress)
+    corpus = _encode_corpus(params, stage_run, staged, prefix, progress)
     stage_run.stats = _write_index(stage_run, prefix, corpus, params.nprobe)
     stage_run.add_shard(
         datasets.write_shard(
@@ -135,24 +135,31 @@ class EncodedCorpus:
     factory: str
 
 
+def _read_corpus(stage_run: manifest.StageRun, shards: list[manifest.Output]) -> list[tuple[str, pa.Table]]:
+    """(URI, ids and texts) of every corpus shard, each verified against the sha256 its staging manifest
+    records: all of them before the first embeddings shard is written."""
+    with stage_run.phase("read"):
+        return [(s.uri, storage.read_parquet(s.uri, columns=["sentence_id", "text"], sha256=s.sha256)) for s in shards]
+
+
 def _encode_corpus(
-    params: BuildIndexParams, stage_run: manifest.StageRun, shard_uris: list[str], prefix: str, progress: bool
+    params: BuildIndexParams, stage_run: manifest.StageRun, shards: list[manifest.Output], prefix: str, progress: bool
 ) -> EncodedCorpus:
-    """Encode every corpus shard with the student, publishing its embeddings. Bad index settings fail
-    before the first write."""
+    """Encode every corpus shard with the student, publishing its embeddings. Bad index settings and
+    altered corpus shards fail before the first write."""
     import faiss
 
     from tasks.ml.encoder import SentenceEncoder
 
     assert params.model_run is not None
     ids, texts, blocks = [], [], []
+    corpus = _read_corpus(stage_run, shards)
     with tempfile.TemporaryDirectory() as scratch, stage_run.phase("encode"):
         encoder = SentenceEncoder.load(str(student.fetch_exported(params.store, params.model_run, Path(scratch))))
         rows = sum(i.rows or 0 for i in stage_run.inputs[1:])
         index_type = choose_type(params.index_type, rows)
         factory = factory_string(index_type, rows, encoder.dim, params)
-        for shard_uri in tqdm(shard_uris, desc=f"index {stage_run.key} encode", unit=" shard", disable=not progress):
-            table = storage.read_parquet(shard_uri, columns=["sentence_id", "text"])
+        for shard_uri, table in tqdm(corpus, desc=f"index {stage_run.key} encode", unit=" shard", disable=not progress):
             vectors = encoder.encode(table.column("text").to_pylist(), batch_size=params.batch_size, dtype=params.dtype)
             embeddings = pa.table(
                 {

@@ -4,7 +4,9 @@ Shards are independent units, each with its own manifest
 (keyed ``<teacher>/ingest_date=D/<shard>`` by the catalog): a shard whose manifest
 matches is skipped, so a killed run resumes where it stopped, and Airflow can fan out one mapped
 task per group of shards (:func:`tasks.core.sentences.shards` lists them, ``shards`` selects a group). Memory is
-bounded by one shard. Non-finite embeddings fail the shard, naming it; nothing is published for it.
+bounded by one shard. Each shard is read verified against the sha256 its writer's manifest records; a
+mismatch (:class:`tasks.core.storage.IntegrityError`) or non-finite embeddings fail the shard, naming it;
+nothing is published for it.
 """
 
 from __future__ import annotations
@@ -26,12 +28,12 @@ class EncodeError(ValueError):
 
 def encoded(
     store: str, teacher: str, ingest_date: date, stages: tuple[Stage, ...] = catalog.SENTENCE_WRITERS
-) -> list[tuple[str, manifest.Manifest | None]]:
-    """Each current sentences shard of a partition (as ``stages`` published it) with the manifest of its
-    teacher embeddings, or None where it is not encoded yet."""
+) -> list[tuple[manifest.Output, manifest.Manifest | None]]:
+    """Each current sentences shard of a partition (as ``stages``' manifests record it, checksum included)
+    with the manifest of its teacher embeddings, or None where it is not encoded yet."""
     return [
-        (uri, manifest.read(store, Stage.ENCODE_TEACHER, catalog.teacher_shard_key(teacher, ingest_date, uri)))
-        for uri in sentences.shards(store, ingest_date, stages)
+        (shard, manifest.read(store, Stage.ENCODE_TEACHER, catalog.teacher_shard_key(teacher, ingest_date, shard.uri)))
+        for shard in sentences.published(store, ingest_date, stages)
     ]
 
 
@@ -50,7 +52,7 @@ def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False
         result = stage_run.skip_result(force)
         if result is None:
             encoder = encoder or _load_encoder(params)
-            result = _encode_shard(params, encoder, stage_run, shard.uri)
+            result = _encode_shard(params, encoder, stage_run, shard)
         results.append(result)
     encoded_now = sum(not r.skipped for r in results)
     outputs = tuple(o for r in results for o in r.outputs)
@@ -102,10 +104,13 @@ def _load_encoder(params: EncodeTeacherParams):
 
 
 def _encode_shard(
-    params: EncodeTeacherParams, encoder, stage_run: manifest.StageRun, shard_uri: str
+    params: EncodeTeacherParams, encoder, stage_run: manifest.StageRun, shard: manifest.Output
 ) -> manifest.StageResult:
+    """Read the shard, verified against the checksum its writer recorded (:class:`storage.IntegrityError`
+    before anything is encoded or written), encode it, publish its embeddings, then its manifest."""
+    shard_uri = shard.uri
     with stage_run.phase("read"):
-        staged = storage.read_parquet(shard_uri, columns=["sentence_id", "text"])
+        staged = storage.read_parquet(shard_uri, columns=["sentence_id", "text"], sha256=shard.sha256)
     with stage_run.phase("encode"):
         embeddings = encoder.encode(staged.column("text").to_pylist(), batch_size=params.batch_size, dtype=params.dtype)
     bad = ~np.isfinite(embeddings).all(axis=1)
@@ -122,7 +127,7 @@ def _encode_shard(
     )
     prefix = catalog.teacher_prefix(params.store, params.teacher, params.ingest_date)
     with stage_run.phase("write"):
-        shard = datasets.write_shard(
+        written = datasets.write_shard(
             prefix,
             catalog.derived_stem(shard_uri),
             table,
@@ -131,9 +136,9 @@ def _encode_shard(
             model_id=params.teacher,
             value_type=params.output_dtype,
         )
-    stage_run.add_shard(shard)
+    stage_run.add_shard(written)
     stage_run.stats = {
-        "rows": shard.rows,
-        "sentences_per_s": round(shard.rows / max(stage_run.timings_s["encode"], 1e-9), 2),
+        "rows": written.rows,
+        "sentences_per_s": round(written.rows / max(stage_run.timings_s["encode"], 1e-9), 2),
     }
     return stage_run.publish()

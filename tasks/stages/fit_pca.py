@@ -4,6 +4,8 @@ The fit streams over every teacher shard of the selected partitions, accumulatin
 the sum and XᵀX (float64, shifted by the first chunk's mean for numerical stability), then takes
 an eigendecomposition of the D×D covariance: memory is O(D²) whatever the row count. An optional
 cap samples rows by a seeded hash of the sentence id (uniform, deterministic, no extra pass).
+Every teacher shard is read verified against the sha256 its encode_teacher manifest records: all of
+them in the fit, before anything is written, and each again for its targets.
 
 Two projection modes share the same components (those of scikit-learn's PCA):
 ``uncentered`` applies them to the raw embeddings, as HPD's code does; ``centered`` subtracts the
@@ -20,6 +22,7 @@ shard's lineage (teacher shard + PCA artifact) is a manifest entry.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from datetime import date
 
 import numpy as np
@@ -41,7 +44,7 @@ def teacher_shards(store: str, teacher: str, partitions: list[date] | None) -> l
     if partitions is None:
         partitions = sentences.staged_days(store)
     pairs = [pair for day in partitions for pair in encode_teacher.encoded(store, teacher, day)]
-    missing = [shard_uri for shard_uri, published in pairs if published is None]
+    missing = [shard.uri for shard, published in pairs if published is None]
     if missing:
         raise PCAError(
             f"{len(missing)} sentences shard(s) not encoded by {teacher!r} yet, e.g. {missing[0]}; "
@@ -69,7 +72,7 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
     total_rows = sum(s.rows or 0 for s in shards)
     fraction = min(1.0, params.max_rows / total_rows) if params.max_rows else 1.0
     with stage_run.phase("accumulate"):
-        accumulator = accumulate([s.uri for s in shards], fraction, params.seed, progress)
+        accumulator = accumulate(shards, fraction, params.seed, progress)
     with stage_run.phase("eigendecomposition"):
         projection = accumulator.fit(params.k, params.mode)
     summary = {
@@ -93,20 +96,25 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
             targets_prefix = catalog.targets_prefix(params.store, params.teacher, params.name)
             model_id = f"{params.teacher}+pca-{params.name}"
             for shard in tqdm(shards, desc="fit_pca targets", unit=" shard", disable=not progress):
-                stage_run.add_shard(_write_targets(shard.uri, projection, targets_prefix, model_id))
+                stage_run.add_shard(_write_targets(shard, projection, targets_prefix, model_id))
     stage_run.stats = {key: summary[key] for key in ("rows_fitted", "rows_available", "explained_variance_ratio_sum")}
     return stage_run.publish()
 
 
-def accumulate(shard_uris: list[str], fraction: float, seed: int, progress: bool) -> MomentAccumulator:
-    """The moments of the rows of every shard whose seeded id hash falls below ``fraction``."""
+def accumulate(
+    shards: Sequence[manifest.Output | str], fraction: float, seed: int, progress: bool
+) -> MomentAccumulator:
+    """The moments of the rows of every shard whose seeded id hash falls below ``fraction``. A shard given
+    as its manifest record is read verified against the recorded sha256; a bare URI (a shard no manifest
+    lists, as in the benchmark) is read as it is."""
     accumulator = None
-    for uri in tqdm(shard_uris, desc="fit_pca accumulate", unit=" shard", disable=not progress):
-        for ids, chunk in _chunks(uri):
+    for shard in tqdm(shards, desc="fit_pca accumulate", unit=" shard", disable=not progress):
+        uri, sha256 = (shard, None) if isinstance(shard, str) else (shard.uri, shard.sha256)
+        for ids, chunk in _chunks(uri, sha256):
             accumulator = accumulator or MomentAccumulator(chunk.shape[1])
             accumulator.add(chunk[sentences.hashed_below(ids, fraction, str(seed))])
     if accumulator is None:
-        raise PCAError(f"no teacher embedding rows in {len(shard_uris)} shard(s)")
+        raise PCAError(f"no teacher embedding rows in {len(shards)} shard(s)")
     return accumulator
 
 
@@ -118,8 +126,8 @@ def target_shards(store: str, teacher: str, name: str) -> list[str]:
     return [o.uri for o in published.outputs_of(Dataset.PROJECTED_TARGETS)]
 
 
-def _chunks(uri: str):
-    table = storage.read_parquet(uri, columns=["sentence_id", "embedding"])
+def _chunks(uri: str, sha256: str | None):
+    table = storage.read_parquet(uri, columns=["sentence_id", "embedding"], sha256=sha256)
     column = table.column("embedding")
     if not pa.types.is_fixed_size_list(column.type):
         raise PCAError(f"{uri}: embedding column is {column.type}, not a fixed-size list")
@@ -131,9 +139,9 @@ def _chunks(uri: str):
         yield part.column("sentence_id").to_pylist(), chunk
 
 
-def _write_targets(teacher_uri: str, projection: Projection, prefix: str, model_id: str) -> datasets.Shard:
+def _write_targets(teacher: manifest.Output, projection: Projection, prefix: str, model_id: str) -> datasets.Shard:
     ids, targets = [], []
-    for chunk_ids, chunk in _chunks(teacher_uri):
+    for chunk_ids, chunk in _chunks(teacher.uri, teacher.sha256):
         ids.extend(chunk_ids)
         targets.append(projection.apply(chunk))
     values = np.concatenate(targets) if targets else np.zeros((0, len(projection.components)), np.float32)
@@ -144,5 +152,5 @@ def _write_targets(teacher_uri: str, projection: Projection, prefix: str, model_
             "target": pa.FixedSizeListArray.from_arrays(pa.array(values.ravel(), pa.float32()), k),
         }
     )
-    stem = teacher_uri.rsplit("/", 1)[1].removesuffix(".parquet")
+    stem = teacher.uri.rsplit("/", 1)[1].removesuffix(".parquet")
     return datasets.write_shard(prefix, stem, table, Dataset.PROJECTED_TARGETS, dim=k, model_id=model_id)

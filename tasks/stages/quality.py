@@ -4,7 +4,8 @@ Each suite applies to a profile of a dataset shard: ``sentences`` (the rows as t
 text length), ``embeddings`` (one row per vector: id, dimension, finiteness, L2 norm) and
 ``dimension_variance`` (one row per dimension of the projected targets). A failed check raises
 :class:`QualityError` listing every failing expectation with a sample of the bad rows; the
-``quality`` stage checks a partition's datasets and publishes its results only when all pass.
+``quality`` stage checks a partition's datasets, each shard read verified against the sha256 its
+writer's manifest records, and publishes its results only when all pass.
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def run(params: QualityParams, force: bool = False, progress: bool = False) -> m
     results = []
     with stage_run.phase("check"):
         for output, suite, settings in checks:
-            table = storage.read_parquet(output.uri)
+            table = storage.read_parquet(output.uri, sha256=output.sha256)
             if suite == "embeddings" and settings["dim"] is None:
                 settings = {**settings, "dim": table.schema.field("embedding").type.list_size}
             results.append(check(suite, table, output.uri, **settings))

@@ -6,14 +6,17 @@ import sys
 import threading
 import time
 from datetime import date
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from tasks.core import config, contracts, manifest, sentences, storage
+from tasks import cli
+from tasks.core import catalog, config, contracts, manifest, sentences, storage
 from tasks.core.catalog import Stage
 from tasks.ml import models
 from tasks.stages import encode_teacher, stage_corpus
@@ -100,6 +103,58 @@ def test_nan_embeddings_fail_the_shard_naming_it(store, tmp_path, tiny_model):
         encode_teacher.run(_params(store, broken))
     assert storage.list_uris(f"{store}/teacher") == []
     assert manifest.list_keys(store, "encode_teacher") == []
+
+
+def _texts(body: bytes) -> list[str] | None:
+    """The text column of a Parquet file's bytes, or None where they do not read."""
+    try:
+        return pq.read_table(pa.BufferReader(body), columns=["text"]).column("text").to_pylist()
+    except (pa.ArrowException, OSError, UnicodeDecodeError):
+        return None
+
+
+def _flip_a_text_bit(path: Path) -> None:
+    """Flip the first bit of the data pages (before the footer) after which the shard still reads but a
+    sentence reads differently: the damage an unverified reader encodes without noticing. Same size."""
+    body = path.read_bytes()
+    original = _texts(body)
+    footer_start = len(body) - 8 - int.from_bytes(body[-8:-4], "little")
+    for at in range(4, footer_start):
+        altered = body[:at] + bytes([body[at] ^ 0x20]) + body[at + 1 :]
+        texts = _texts(altered)
+        if texts is not None and texts != original:
+            path.write_bytes(altered)
+            return
+    raise AssertionError(f"{path}: no single-bit change of the data pages keeps it readable")
+
+
+def test_an_altered_staged_shard_fails_naming_it_and_publishes_nothing_for_it(store, tmp_path, tiny_model, capsys):
+    _stage(store, tmp_path, n=20)  # two shards of 10
+    intact, altered = sentences.published(store, DAY)
+    path = Path(altered.uri.removeprefix("file://"))
+    size, before = path.stat().st_size, _texts(path.read_bytes())
+    _flip_a_text_bit(path)
+    assert path.stat().st_size == size
+    after = storage.read_parquet(altered.uri, columns=["text"]).column("text").to_pylist()
+    assert len(after) == 10 and after != before  # unverified, the altered text reads without a complaint
+
+    args = ["encode-teacher", "--store", store, "--teacher", str(tiny_model), "--ingest-date", DAY.isoformat()]
+    assert cli.main([*args, "--quiet"]) == 1
+    error = capsys.readouterr().err
+    assert f"{altered.uri}: sha256 mismatch: expected {altered.sha256}, read " in error
+
+    def published_for(shard: manifest.Output) -> manifest.Manifest | None:
+        key = catalog.teacher_shard_key(str(tiny_model), DAY, shard.uri)
+        return manifest.read(store, Stage.ENCODE_TEACHER, key)
+
+    assert published_for(altered) is None
+    assert published_for(intact) is not None  # a shard is its own unit: the intact one before it stands
+    (written,) = storage.list_uris(f"{store}/teacher")
+    assert catalog.derived_stem(intact.uri) in written
+    with pytest.raises(storage.IntegrityError) as err:
+        encode_teacher.run(_params(store, tiny_model))
+    assert (err.value.uri, err.value.expected) == (altered.uri, altered.sha256)
+    assert storage.list_uris(f"{store}/teacher") == [written]
 
 
 def test_nothing_staged_is_a_clear_error(store, tiny_model):

@@ -2,8 +2,9 @@
 
 Pairs of shards come from lineage, not from names: the PCA run's manifest lists its teacher input
 shards and the target shard written for each (same order), and each teacher shard's
-encode_teacher manifest names the sentences shard it encoded. A pair is read and joined by
-sentence id one at a time, so memory holds one shard, never the whole set.
+encode_teacher manifest names the sentences shard it encoded. A pair is read (verified against
+the recorded checksums) and joined by sentence id one at a time, so memory holds one shard, never
+the whole set.
 
 Rows go to validation by a seeded hash of the sentence id. An epoch visits the shards in a seeded
 order and each shard's training rows in a seeded order; a position (epoch, shard, row) says where
@@ -28,6 +29,9 @@ class DistillDataError(ValueError):
 
 @dataclass(frozen=True)
 class ShardPair:
+    """A sentences shard and its targets shard, with the sha256 of each as the manifests record them
+    (``""``: none recorded, for a pair built by hand; such a shard is read unverified)."""
+
     sentences_uri: str
     targets_uri: str
     sha256: tuple[str, str]
@@ -91,9 +95,11 @@ def is_validation(sentence_ids: list[str], fraction: float, seed: int) -> np.nda
 
 
 def read_pair(pair: ShardPair) -> tuple[list[str], list[str], np.ndarray]:
-    """(sentence ids, texts, targets) of one pair, joined by sentence id in the targets' order."""
-    staged = storage.read_parquet(pair.sentences_uri, columns=["sentence_id", "text"])
-    targets = storage.read_parquet(pair.targets_uri, columns=["sentence_id", "target"])
+    """(sentence ids, texts, targets) of one pair, joined by sentence id in the targets' order. Both shards
+    are read verified against their recorded sha256 (:class:`storage.IntegrityError` on a mismatch)."""
+    sentences_sha, targets_sha = (digest or None for digest in pair.sha256)
+    staged = storage.read_parquet(pair.sentences_uri, columns=["sentence_id", "text"], sha256=sentences_sha)
+    targets = storage.read_parquet(pair.targets_uri, columns=["sentence_id", "target"], sha256=targets_sha)
     text_of = dict(zip(staged.column("sentence_id").to_pylist(), staged.column("text").to_pylist(), strict=True))
     ids = targets.column("sentence_id").to_pylist()
     missing = [sid for sid in ids if sid not in text_of]

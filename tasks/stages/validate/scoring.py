@@ -118,23 +118,30 @@ def _retrieval(encode: Encode, student_corpus: np.ndarray, corpus: CorpusSample,
 
 def training_curves(distilled: manifest.Manifest) -> dict:
     """Per-step training losses and the validation evaluations of a distill run, from its outputs."""
-    lines = storage.read_bytes(distilled.output_named("losses.jsonl").uri).decode().splitlines()
+    lines = _read_output(distilled.output_named("losses.jsonl")).decode().splitlines()
     losses = [json.loads(line) for line in lines]
-    evals = json.loads(storage.read_bytes(distilled.output_named("metrics.json").uri))["evals"]
+    evals = json.loads(_read_output(distilled.output_named("metrics.json")))["evals"]
     return {"losses": [(item["step"], item["loss"]) for item in losses] or [(0, np.nan)], "evals": evals}
 
 
+def _read_output(output: manifest.Output) -> bytes:
+    """A published object, verified against the sha256 its manifest records."""
+    return storage.read_bytes(output.uri, sha256=output.sha256)
+
+
 def corpus_sample(store: str, teacher: str, size: int) -> CorpusSample:
-    """The first ``size`` staged sentences that have teacher embeddings, with those embeddings."""
+    """The first ``size`` staged sentences that have teacher embeddings, with those embeddings; both shards
+    read verified against the sha256 their manifests record."""
     ids, texts, vectors = [], [], []
     for day in sentences.staged_days(store):
-        for shard_uri, encoded in encode_teacher.encoded(store, teacher, day, (Stage.STAGE_CORPUS,)):
+        for shard, encoded in encode_teacher.encoded(store, teacher, day, (Stage.STAGE_CORPUS,)):
             if encoded is None:
                 continue
-            staged = storage.read_parquet(shard_uri, columns=["sentence_id", "text"])
+            staged = storage.read_parquet(shard.uri, columns=["sentence_id", "text"], sha256=shard.sha256)
             ids.extend(staged.column("sentence_id").to_pylist())
             texts.extend(staged.column("text").to_pylist())
-            vectors.append(datasets.vectors(storage.read_parquet(encoded.outputs[0].uri), "embedding"))
+            embedded = encoded.outputs[0]
+            vectors.append(datasets.vectors(storage.read_parquet(embedded.uri, sha256=embedded.sha256), "embedding"))
             if len(ids) >= size:
                 return CorpusSample(ids[:size], texts[:size], np.concatenate(vectors)[:size])
     if len(ids) < 11:
@@ -148,5 +155,5 @@ def quality_results(store: str) -> list[dict]:
     for key in manifest.list_keys(store, Stage.QUALITY):
         published = manifest.read(store, Stage.QUALITY, key)
         for output in published.outputs if published else ():
-            results.extend(json.loads(storage.read_bytes(output.uri))["checks"])
+            results.extend(json.loads(_read_output(output))["checks"])
     return results
