@@ -60,6 +60,7 @@ __all__ = [
 ]
 
 _MIB = 1024 * 1024
+_PARALLEL_VERIFY_BYTES = 16 * _MIB
 _CHUNK = _MIB
 _TMP_PREFIX = ".tmp-"
 _LOCK_PREFIX = ".lock-"
@@ -219,6 +220,12 @@ class _Local:
                 if current != expected_etag:
                     raise PreconditionFailed(uri, "etag is stale" if current else "object does not exist")
                 return self._publish(uri, data)
+        except OSError as exc:
+            raise self._fail(uri, exc) from exc
+
+    def size(self, uri: str) -> int:
+        try:
+            return os.stat(_local_path(uri)).st_size
         except OSError as exc:
             raise self._fail(uri, exc) from exc
 
@@ -480,20 +487,23 @@ def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
 # --------------------------------------------------------------------------------- verified reads
 
 
-def _readinto_hashing(fh: io.FileIO, view: memoryview, digest: Any) -> int:
-    """Fill ``view`` from ``fh`` chunk by chunk, hashing each chunk while it is still in cache; bytes read."""
+def _readinto_hashing(fh: io.FileIO, view: memoryview, digest: Any | None) -> int:
+    """Fill ``view`` from ``fh`` chunk by chunk, hashing each chunk (if ``digest``) while it is still in cache;
+    bytes read."""
     got = 0
     while got < len(view):
         count = fh.readinto(view[got : got + _CHUNK])
         if not count:
             break
-        digest.update(view[got : got + count])
+        if digest is not None:
+            digest.update(view[got : got + count])
         got += count
     return got
 
 
-def _read_local_hashing(uri: str, digest: Any) -> Any:
-    """The whole file in one buffer from Arrow's memory pool (no zero-fill, no copy), hashed as it is read."""
+def _read_local_hashing(uri: str, digest: Any | None) -> Any:
+    """The whole file in one buffer from Arrow's memory pool (no zero-fill, no copy), hashed as it is read
+    when ``digest`` is given."""
     try:
         with open(_local_path(uri), "rb", buffering=0) as fh:
             buffer = pa.allocate_buffer(os.fstat(fh.fileno()).st_size)
@@ -502,7 +512,8 @@ def _read_local_hashing(uri: str, digest: Any) -> Any:
     except OSError as exc:
         raise _BACKENDS["file"]._fail(uri, exc) from exc
     if tail or got < buffer.size:
-        digest.update(tail)
+        if digest is not None:
+            digest.update(tail)
         return memoryview(buffer)[:got].tobytes() + tail
     return buffer
 
@@ -528,10 +539,39 @@ def _read_verified(uri: str, sha256: str) -> Any:
     backend = _backend(uri)
     digest = hashlib.sha256()
     data = _read_local_hashing(uri, digest) if isinstance(backend, _Local) else _read_s3_hashing(uri, digest)
-    actual = digest.hexdigest()
-    if actual != sha256.lower():
-        raise IntegrityError(uri, sha256, actual)
+    _check_digest(uri, sha256, digest.hexdigest())
     return data
+
+
+def _check_digest(uri: str, expected: str, actual: str) -> None:
+    if actual != expected.lower():
+        raise IntegrityError(uri, expected, actual)
+
+
+def _read_parquet_verified(uri: str, columns: list[str] | None, sha256: str) -> pa.Table:
+    """A large local Parquet object is parsed while another thread hashes the same bytes (both release the
+    GIL, so the check costs little wall time); the table is returned only once the digest matches, and a
+    digest mismatch wins over any parse error. Small objects (where a thread costs more than it saves, and
+    Arrow's decoding already uses the cores) and S3 objects are hashed as they are read, before parsing."""
+    if not isinstance(_backend(uri), _Local) or size(uri) < _PARALLEL_VERIFY_BYTES:
+        return _parse_parquet(uri, _read_verified(uri, sha256), columns)
+    data = _read_local_hashing(uri, None)
+    digest = hashlib.sha256()
+    hasher = threading.Thread(target=digest.update, args=(memoryview(data),), name="hpd-verify")
+    hasher.start()
+    try:
+        table = _parse_parquet(uri, data, columns)
+    finally:
+        hasher.join()
+        _check_digest(uri, sha256, digest.hexdigest())
+    return table
+
+
+def _parse_parquet(uri: str, data: Any, columns: list[str] | None) -> pa.Table:
+    try:
+        return pq.read_table(pa.BufferReader(data), columns=columns)
+    except (pa.ArrowException, KeyError) as exc:
+        raise StorageError(uri, f"cannot read Parquet: {exc}") from exc
 
 
 # --------------------------------------------------------------------------------------- dispatch
@@ -583,8 +623,15 @@ def compare_and_swap(uri: str, data: bytes, expected_etag: str | None) -> Object
 
 
 def head(uri: str) -> ObjectInfo:
-    """Return size and etag of the object; raises ObjectNotFound."""
+    """Return size and etag of the object; raises ObjectNotFound. (Locally the etag is the content's
+    sha256: this reads the file; :func:`size` does not.)"""
     return _backend(uri).head(uri)
+
+
+def size(uri: str) -> int:
+    """The object's size in bytes, without reading it; raises ObjectNotFound."""
+    backend = _backend(uri)
+    return backend.size(uri) if isinstance(backend, _Local) else backend.head(uri).size
 
 
 def read_json_versioned(uri: str) -> tuple[Any, str | None]:
@@ -615,13 +662,11 @@ def read_parquet(uri: str, columns: list[str] | None = None, sha256: str | None 
     """Read a Parquet object, optionally only ``columns``.
 
     With ``sha256`` the whole object is read once and verified as in :func:`read_bytes`, whatever
-    ``columns`` asks for; only verified bytes reach the Parquet reader (zero-copy, from memory).
+    ``columns`` asks for; no table is returned from bytes that fail the check.
     """
-    data = read_bytes(uri) if sha256 is None else _read_verified(uri, sha256)
-    try:
-        return pq.read_table(pa.BufferReader(data), columns=columns)
-    except (pa.ArrowException, KeyError) as exc:
-        raise StorageError(uri, f"cannot read Parquet: {exc}") from exc
+    if sha256 is None:
+        return _parse_parquet(uri, read_bytes(uri), columns)
+    return _read_parquet_verified(uri, columns, sha256)
 
 
 def write_parquet(uri: str, table: pa.Table) -> ObjectInfo:

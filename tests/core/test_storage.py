@@ -182,7 +182,14 @@ def test_verified_read_passes_intact_bytes_and_names_altered_ones(store_root: st
         storage.read_bytes(storage.join(store_root, "v", "missing"), sha256=recorded)
 
 
-def test_verified_parquet_read_hashes_the_whole_object_before_parsing(store_root: str) -> None:
+@pytest.mark.parametrize("parallel", [False, True], ids=["hashed-while-read", "hashed-beside-the-parse"])
+def test_verified_parquet_read_hashes_the_whole_object_before_parsing(
+    store_root: str, parallel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small objects are hashed as they are read; large local ones while the parser runs. Either way no table
+    comes back from altered bytes, and the integrity error wins over the parse error it would cause."""
+    if parallel:
+        monkeypatch.setattr(storage, "_PARALLEL_VERIFY_BYTES", 0)
     uri = storage.join(store_root, "v", "t.parquet")
     table = pa.table({"id": list(range(1000)), "text": [f"sentence {i}" for i in range(1000)]})
     storage.write_parquet(uri, table)
