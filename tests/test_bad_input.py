@@ -4,6 +4,7 @@ written to the store."""
 
 from __future__ import annotations
 
+import gzip
 import os
 import subprocess
 import sys
@@ -88,6 +89,30 @@ CASES = [
         "no published distill run 'missing'",
     ),
     ("zero-k", ["fit-pca", "--store", "{store}", "--k", "0"], 2, "k: Input should be greater than 0"),
+    (
+        "gzip-bomb",
+        ["stage-corpus", "--store", "{store}", "--source", "{tmp}/bomb.txt.gz", "--max-input-bytes", "100000", *DAY],
+        1,
+        "bomb.txt.gz: decompresses to more than max_input_bytes=100000 bytes",
+    ),
+    (
+        "source-too-large",
+        ["stage-corpus", "--store", "{store}", "--source", "{tmp}/raw.txt", "--max-input-bytes", "5", *DAY],
+        1,
+        "raw.txt: 12 bytes, more than max_input_bytes=5",
+    ),
+    (
+        "line-too-long",
+        ["stage-corpus", "--store", "{store}", "--source", "{tmp}/long.txt", "--max-line-chars", "50", *DAY],
+        1,
+        "long.txt: line 2 holds 60 characters, more than max_line_chars=50",
+    ),
+    (
+        "truncated-gzip",
+        ["stage-corpus", "--store", "{store}", "--source", "{tmp}/cut.txt.gz", *DAY],
+        1,
+        "cut.txt.gz: corrupt gzip data (truncated)",
+    ),
     ("bad-augment-method", ["augment", "--store", "{store}", "--methods", "shout", *DAY], 2, "invalid choice: 'shout'"),
 ]
 
@@ -97,6 +122,9 @@ def scratch(tmp_path: Path) -> Path:
     (tmp_path / "raw.txt").write_text("A sentence.\n")
     (tmp_path / "empty.txt").write_text("")
     (tmp_path / "binary.txt").write_bytes(b"ok line\n\xff\xfe\xfa not text\n")
+    (tmp_path / "bomb.txt.gz").write_bytes(gzip.compress(b"a" * 10_000_000))  # 10 MB from about 10 kB
+    (tmp_path / "long.txt").write_text("short\n" + "x" * 60 + "\n")
+    (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(b"a sentence\n" * 1000)[:-30])
     return tmp_path
 
 

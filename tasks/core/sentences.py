@@ -21,9 +21,14 @@ from tasks.core.catalog import Dataset, Stage
 COLUMNS = ("sentence_id", "text", "source", "line", "parent_id", "aug_method", "aug_params")
 
 
+# Control characters (C0, DEL, C1: NUL, BEL, ESC ...) become spaces, so no sentence carries one.
+_CONTROL_TO_SPACE = {code: " " for code in (*range(0x20), *range(0x7F, 0xA0))}
+
+
 def normalise(text: str) -> str:
-    """Unicode NFC with whitespace runs collapsed to one space and the ends stripped."""
-    return " ".join(unicodedata.normalize("NFC", text).split())
+    """Unicode NFC, control characters replaced by spaces, whitespace runs collapsed to one space and the
+    ends stripped."""
+    return " ".join(unicodedata.normalize("NFC", text).translate(_CONTROL_TO_SPACE).split())
 
 
 def sentence_id(text: str) -> str:

@@ -32,6 +32,10 @@ class StageCorpusParams(StageParams):
     max_chars: int = Field(1000, gt=0, description="drop normalised sentences longer than this")
     shard_rows: int = Field(50_000, gt=0, description="rows per Parquet shard")
     limit: int | None = Field(None, gt=0, description="read at most this many records (a sample)")
+    max_input_bytes: int = Field(
+        2 * 1024**3, gt=0, description="refuse a source file larger than this, as stored or once decompressed"
+    )
+    max_line_chars: int = Field(1_000_000, gt=0, description="refuse a source holding a longer record than this")
 
 
 class AugmentParams(StageParams):

@@ -10,10 +10,10 @@ partition's manifest, which lists the shards and counts the dropped rows by reas
 from __future__ import annotations
 
 import csv
-import gzip
 import io
 import itertools
 import json
+import zlib
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import replace
@@ -45,8 +45,7 @@ class CorpusInputError(ValueError):
 def run(params: StageCorpusParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Stage ``params.source`` into the ``sentences`` partition of ``params.ingest_date``."""
     key = catalog.partition_key(params.ingest_date)
-    sources = _source_uris(params.source)
-    raw = {uri: storage.read_bytes(uri) for uri in sources}
+    raw = {uri: _read_source(uri, params.max_input_bytes) for uri in _source_uris(params.source)}
     stage_run = manifest.StageRun(
         stage=Stage.STAGE_CORPUS,
         key=key,
@@ -86,12 +85,18 @@ def _read_sentences(
     records_read: dict[str, int] = {}
     for uri, data in raw.items():
         remaining = None if params.limit is None else params.limit - sum(records_read.values())
-        records = itertools.islice(_records(uri, data, _format_of(uri, params.format), params.column), remaining)
+        fmt = _format_of(uri, params.format)
+        records = itertools.islice(_records(uri, data, fmt, params.column, params.max_input_bytes), remaining)
         records_read[uri] = 0
         for line_no, raw_text in tqdm(
             records, desc=f"stage {uri.rsplit('/', 1)[-1]}", unit=" lines", disable=not progress
         ):
             records_read[uri] += 1
+            if raw_text and len(raw_text) > params.max_line_chars:
+                raise CorpusInputError(
+                    f"{uri}: line {line_no} holds {len(raw_text)} characters, more than max_line_chars="
+                    f"{params.max_line_chars}"
+                )
             text = sentences.normalise(raw_text or "")
             sid = sentences.sentence_id(text)
             if reason := _drop_reason(text, sid, params.max_chars, seen):
@@ -133,13 +138,37 @@ def _format_of(uri: str, requested: str) -> str:
     )
 
 
-def _records(uri: str, data: bytes, fmt: str, column: str) -> Iterator[tuple[int, str | None]]:
+def _read_source(uri: str, max_bytes: int) -> bytes:
+    """A raw file's bytes, refused before reading when it is larger than ``max_bytes``."""
+    if (size := storage.size(uri)) > max_bytes:
+        raise CorpusInputError(f"{uri}: {size} bytes, more than max_input_bytes={max_bytes}")
+    return storage.read_bytes(uri)
+
+
+def _gunzip(uri: str, data: bytes, max_bytes: int) -> bytes:
+    """``data`` decompressed (every gzip member), refused as soon as it grows beyond ``max_bytes``."""
+    out, rest = bytearray(), data
+    while rest:
+        inflater = zlib.decompressobj(wbits=zlib.MAX_WBITS | 16)
+        try:
+            chunk = rest
+            while chunk and len(out) <= max_bytes:
+                out += inflater.decompress(chunk, max_bytes + 1 - len(out))
+                chunk = inflater.unconsumed_tail
+        except zlib.error as exc:
+            raise CorpusInputError(f"{uri}: corrupt gzip data ({exc})") from None
+        if len(out) > max_bytes:
+            raise CorpusInputError(f"{uri}: decompresses to more than max_input_bytes={max_bytes} bytes")
+        if not inflater.eof:
+            raise CorpusInputError(f"{uri}: corrupt gzip data (truncated)")
+        rest = inflater.unused_data
+    return bytes(out)
+
+
+def _records(uri: str, data: bytes, fmt: str, column: str, max_bytes: int) -> Iterator[tuple[int, str | None]]:
     """(1-based line or row number, raw text) for every record of one raw file."""
     if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as exc:
-            raise CorpusInputError(f"{uri}: corrupt gzip data ({exc})") from None
+        data = _gunzip(uri, data, max_bytes)
     if not data.strip():
         raise CorpusInputError(f"{uri}: the input is empty")
     if fmt == "parquet":
