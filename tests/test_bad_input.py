@@ -113,6 +113,59 @@ CASES = [
         1,
         "cut.txt.gz: corrupt gzip data (truncated)",
     ),
+    (
+        "jsonl-not-json",
+        ["stage-corpus", "--store", "{store}", "--source", "{tmp}/bad.jsonl", *DAY],
+        1,
+        "bad.jsonl: line 2 is not JSON",
+    ),
+    (
+        "jsonl-without-field",
+        ["stage-corpus", "--store", "{store}", "--source", "{tmp}/other.jsonl", *DAY],
+        1,
+        "other.jsonl: line 1 has no field 'text'",
+    ),
+    (
+        "csv-without-column",
+        ["stage-corpus", "--store", "{store}", "--source", "{tmp}/table.csv", *DAY],
+        1,
+        "table.csv: no column 'text'",
+    ),
+    (
+        "parquet-that-is-not",
+        ["stage-corpus", "--store", "{store}", "--source", "{tmp}/fake.parquet", *DAY],
+        1,
+        "fake.parquet: not a Parquet file",
+    ),
+    (
+        "unknown-suffix",
+        ["stage-corpus", "--store", "{store}", "--source", "{tmp}/notes.xyz", *DAY],
+        1,
+        "notes.xyz: cannot tell the format from the name",
+    ),
+    (
+        "zero-limit",
+        ["stage-corpus", "--store", "{store}", "--source", "{tmp}/raw.txt", "--limit", "0", *DAY],
+        2,
+        "limit: Input should be greater than 0",
+    ),
+    ("augment-nothing-staged", ["augment", "--store", "{store}", *DAY], 1, "no sentences staged for"),
+    (
+        "back-translation-without-models",
+        ["augment", "--store", "{store}", "--methods", "back_translation", *DAY],
+        2,
+        "back_translation needs translate_forward and translate_backward",
+    ),
+    ("quality-nothing-staged", ["quality", "--store", "{store}", *DAY], 1, "nothing staged for ingest_date=2026-11-30"),
+    ("fit-pca-nothing-encoded", ["fit-pca", "--store", "{store}"], 1, "no teacher embeddings of 'all-mpnet-base-v2'"),
+    ("build-index-nothing-promoted", ["build-index", "--store", "{store}"], 1, "no promoted model"),
+    (
+        "grad-accum-not-dividing",
+        ["distill", "--store", "{store}", "--batch-size", "10", "--grad-accum", "3"],
+        2,
+        "batch_size 10 is not divisible by grad_accum 3",
+    ),
+    ("fp16-on-cpu", ["distill", "--store", "{store}", "--amp", "fp16", "--device", "cpu"], 2, "fp16 AMP needs CUDA"),
     ("bad-augment-method", ["augment", "--store", "{store}", "--methods", "shout", *DAY], 2, "invalid choice: 'shout'"),
 ]
 
@@ -124,6 +177,11 @@ def scratch(tmp_path: Path) -> Path:
     (tmp_path / "binary.txt").write_bytes(b"ok line\n\xff\xfe\xfa not text\n")
     (tmp_path / "bomb.txt.gz").write_bytes(gzip.compress(b"a" * 10_000_000))  # 10 MB from about 10 kB
     (tmp_path / "long.txt").write_text("short\n" + "x" * 60 + "\n")
+    (tmp_path / "bad.jsonl").write_text('{"text": "fine"}\n{"text": \n')
+    (tmp_path / "other.jsonl").write_text('{"sentence": "wrong field"}\n')
+    (tmp_path / "table.csv").write_text("id,sentence\n1,hello\n")
+    (tmp_path / "fake.parquet").write_bytes(b"PAR1 this is not parquet at all")
+    (tmp_path / "notes.xyz").write_text("a line\n")
     (tmp_path / "cut.txt.gz").write_bytes(gzip.compress(b"a sentence\n" * 1000)[:-30])
     return tmp_path
 
