@@ -37,6 +37,7 @@ HELP = {
     Stage.VALIDATE: "score a distilled student (STS, fidelity, retrieval), apply the quality gate, promote",
     Stage.BUILD_INDEX: "encode the corpus with a distilled student, build a FAISS index and promote it",
     Stage.DISTILL: "train the student on the projected targets (torchrun for several processes) and export it",
+    Stage.GC: "delete store objects no manifest, pointer or live checkpoint references, once past the retention",
 }
 MAX_HITS = 1000
 DEMO_DEFAULTS = {

@@ -17,6 +17,10 @@ fixed here:
 ``manifests/<stage>/<key>.json``                        every stage run's manifest
 ``models/current.json``, ``indexes/current.json``       the promoted model and index pointers
 =====================================================  ===========================================
+
+What the store records about itself (manifests, pointers, the distill checkpoint pointer) names objects
+below its root by their store-relative key (:func:`store_key`), resolved against the store that reads it
+(:func:`resolve`): a store copied to another root, or another bucket or prefix, is complete there.
 """
 
 from __future__ import annotations
@@ -24,11 +28,11 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import asdict, dataclass
-from datetime import date
+from datetime import UTC, date, datetime
 from enum import StrEnum
-from typing import Literal, overload
+from typing import Any, Literal, overload
 
-from tasks.core.uris import join
+from tasks.core.uris import StorageError, join, to_uri
 
 
 class Stage(StrEnum):
@@ -42,6 +46,7 @@ class Stage(StrEnum):
     VALIDATE = "validate"
     BUILD_INDEX = "build_index"
     QUALITY = "quality"
+    GC = "gc"
 
 
 class Dataset(StrEnum):
@@ -143,6 +148,12 @@ def pca_key(teacher: str, pca_name: str) -> str:
     return f"{slug(teacher)}/{pca_name}"
 
 
+def gc_key(when: datetime) -> str:
+    """The gc manifest key of a run started at ``when``: its UTC time, to the microsecond
+    (``20261130T120000.123456Z``), so keys sort by time and each run records its own manifest."""
+    return when.astimezone(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+
+
 # -- paths --------------------------------------------------------------------------------------------------
 def manifest_uri(store: str, stage: Stage, key: str) -> str:
     return join(store, "manifests", stage, f"{key}.json")
@@ -189,6 +200,33 @@ def quality_results_uri(store: str, ingest_date: date, fingerprint: str) -> str:
     return join(store, "quality", partition_key(ingest_date), fingerprint[:_FINGERPRINT_CHARS], "results.json")
 
 
+# -- store-relative references -----------------------------------------------------------------------------
+def _is_key(text: str) -> bool:
+    """Whether ``text`` is a store-relative key: no scheme, no leading ``/``, no empty, ``.`` or ``..`` segment."""
+    return "://" not in text and all(segment not in ("", ".", "..") for segment in text.split("/"))
+
+
+def store_key(store: str, uri: str) -> str | None:
+    """The key of ``uri`` relative to the root ``store`` (``sentences/ingest_date=D/part-....parquet``) when
+    it names an object below it, else None (something outside the store, e.g. a raw source file)."""
+    root = to_uri(store).rstrip("/") + "/"
+    if not uri.startswith(root):
+        return None
+    key = uri[len(root) :]
+    return key if _is_key(key) else None
+
+
+def resolve(store: str, reference: str) -> str:
+    """The URI a reference read from ``store`` names: a store-relative key is joined onto ``store`` (an
+    empty, ``.`` or ``..`` segment is refused with a :class:`StorageError`); an absolute URI (something
+    outside the store) stays as it is."""
+    if "://" in reference:
+        return reference
+    if not _is_key(reference):
+        raise StorageError(reference, "not a store-relative key (empty, '.' or '..' segment, or a leading '/')")
+    return join(store, reference)
+
+
 # -- pointers -----------------------------------------------------------------------------------------------
 class Pointer(StrEnum):
     """The two pointers a promotion moves: to the promoted student and to the promoted index."""
@@ -222,6 +260,11 @@ _RECORDS: dict[Pointer, type[ModelPointer] | type[IndexPointer]] = {
     Pointer.MODEL: ModelPointer,
     Pointer.INDEX: IndexPointer,
 }
+# The fields that name objects: recorded as store-relative keys, resolved against the store reading them.
+_OBJECT_FIELDS: dict[Pointer, tuple[str, ...]] = {
+    Pointer.MODEL: ("validation",),
+    Pointer.INDEX: ("index", "ids", "manifest"),
+}
 
 
 def pointer_uri(store: str, pointer: Pointer) -> str:
@@ -233,26 +276,38 @@ def read_pointer(store: str, pointer: Literal[Pointer.MODEL]) -> tuple[ModelPoin
 @overload
 def read_pointer(store: str, pointer: Literal[Pointer.INDEX]) -> tuple[IndexPointer | None, str | None]: ...
 def read_pointer(store: str, pointer: Pointer) -> tuple[ModelPointer | IndexPointer | None, str | None]:
-    """The pointer and its etag, or (None, None) while nothing is promoted."""
+    """The pointer and its etag, or (None, None) while nothing is promoted. The objects it names by
+    store-relative key are resolved against ``store`` (absolute URIs, of a hand-made pointer, stay)."""
     from tasks.core import storage  # the storage clients load on first I/O: DAG files import the catalog
 
     uri = pointer_uri(store, pointer)
     value, etag = storage.read_json_versioned(uri)
     if value is None:
         return None, None
+    if not isinstance(value, dict):
+        raise PointerError(f"{uri}: not a {pointer} pointer (not a JSON object)")
     try:
-        return _RECORDS[pointer](**value), etag
-    except TypeError as exc:
+        resolved: dict[str, Any] = {
+            name: resolve(store, field) if name in _OBJECT_FIELDS[pointer] and isinstance(field, str) else field
+            for name, field in value.items()
+        }
+        return _RECORDS[pointer](**resolved), etag
+    except (TypeError, StorageError) as exc:
         raise PointerError(f"{uri}: not a {pointer} pointer ({exc})") from None
 
 
 def move_pointer(store: str, value: ModelPointer | IndexPointer, seen_etag: str | None) -> None:
     """Point the pointer of ``value``'s kind at it, by compare-and-swap against the version read as
-    ``seen_etag``; raises :class:`PointerMoved` if it changed since."""
+    ``seen_etag``; raises :class:`PointerMoved` if it changed since. The objects it names below ``store``
+    are recorded by store-relative key, so a copy of the store points into the copy."""
     from tasks.core import storage
 
-    uri = pointer_uri(store, Pointer.MODEL if isinstance(value, ModelPointer) else Pointer.INDEX)
+    pointer = Pointer.MODEL if isinstance(value, ModelPointer) else Pointer.INDEX
+    uri = pointer_uri(store, pointer)
+    record = asdict(value)
+    for name in _OBJECT_FIELDS[pointer]:
+        record[name] = store_key(store, record[name]) or record[name]
     try:
-        storage.compare_and_swap(uri, json.dumps(asdict(value), indent=2).encode(), seen_etag)
+        storage.compare_and_swap(uri, json.dumps(record, indent=2).encode(), seen_etag)
     except storage.PreconditionFailed:
         raise PointerMoved(f"{uri}: moved by another run since this one read it") from None

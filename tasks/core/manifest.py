@@ -8,6 +8,14 @@ its own fingerprint, whose outputs are all still published with their recorded s
 do. The manifest is published after every output (create-if-absent the first time, compare-and-swap
 on a rerun), so "manifest present" means "outputs complete". A manifest is checked against the schema
 whenever it is read; one that is not valid is named in the error, and a forced run replaces it.
+
+Lineage is store-relative (manifest version 2). In memory every input and output has an absolute URI;
+on the store, whatever lies below the store's root is recorded by its store-relative ``key`` and only
+what lies outside it (a raw source file) by its absolute ``uri``; outputs are always below it. Reading
+resolves the keys against the store the manifest is read from. The root is in no fingerprint: inputs
+count by key, and the ``store`` param is left out of the fingerprint and of the recorded params (the
+manifest's own location names its store). So a store copied to another root, bucket or prefix is
+complete there, and its reruns skip. A manifest of another version is refused: rerun with --force.
 """
 
 from __future__ import annotations
@@ -33,7 +41,8 @@ import jsonschema
 from tasks.core import catalog, storage
 from tasks.core.catalog import Stage
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
+STORE_PARAM = "store"  # the root a store lives at: recorded nowhere, in no fingerprint
 KEY_PACKAGES = (
     "hpd-pipeline",
     "apache-airflow",
@@ -62,9 +71,18 @@ class Input:
     rows: int | None = None
     bytes: int | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        record = {"uri": self.uri, "sha256": self.sha256, "rows": self.rows}
+    def to_dict(self, store: str) -> dict[str, Any]:
+        """The on-store record: the store-relative ``key`` when below ``store``, else the absolute ``uri``."""
+        key = catalog.store_key(store, self.uri)
+        record: dict[str, Any] = {"uri": self.uri} if key is None else {"key": key}
+        record |= {"sha256": self.sha256, "rows": self.rows}
         return record if self.bytes is None else {**record, "bytes": self.bytes}
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any], store: str) -> Self:
+        fields = dict(record)
+        key = fields.pop("key", None)
+        return cls(catalog.resolve(store, key), **fields) if key is not None else cls(**fields)
 
 
 @dataclass(frozen=True)
@@ -87,6 +105,21 @@ class Output:
         """This output as a downstream stage records it among its inputs."""
         return Input(self.uri, self.sha256, self.rows, self.bytes)
 
+    def to_dict(self, store: str, position: int) -> dict[str, Any]:
+        """The on-store record, with the store-relative ``key``; an output outside ``store`` is refused."""
+        key = catalog.store_key(store, self.uri)
+        if key is None:
+            raise ManifestError(
+                f"manifest invalid at outputs/{position}: {redact(self.uri)!r} is not below the store "
+                f"{redact(store)}; a stage publishes only inside its store"
+            )
+        return {"key": key, **{k: v for k, v in asdict(self).items() if k != "uri"}}
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any], store: str) -> Self:
+        fields = dict(record)
+        return cls(catalog.resolve(store, fields.pop("key")), **fields)
+
 
 @dataclass(frozen=True)
 class Manifest:
@@ -103,20 +136,21 @@ class Manifest:
     document: dict[str, Any] = field(repr=False, compare=False)
 
     @classmethod
-    def from_dict(cls, document: dict[str, Any], uri: str = "<manifest>") -> Self:
+    def from_dict(cls, document: dict[str, Any], uri: str, store: str) -> Self:
+        """The manifest ``document`` read from ``uri`` in ``store``: its keys resolved against ``store``."""
         try:
             return cls(
                 document["stage"],
                 document["key"],
                 document["run_id"],
                 document["fingerprint"],
-                tuple(Input(**i) for i in document["inputs"]),
-                tuple(Output(**o) for o in document["outputs"]),
+                tuple(Input.from_dict(i, store) for i in document["inputs"]),
+                tuple(Output.from_dict(o, store) for o in document["outputs"]),
                 document["params"],
                 document["stats"],
                 document,
             )
-        except (KeyError, TypeError) as exc:
+        except (KeyError, TypeError, storage.StorageError) as exc:
             raise ManifestError(f"{uri}: not a manifest ({type(exc).__name__}: {exc})") from None
 
     def outputs_of(self, contract: str) -> list[Output]:
@@ -166,9 +200,17 @@ def redact(value: Any) -> Any:
     return value
 
 
-def fingerprint(stage: str, key: str, inputs: list[Input], params: dict[str, Any]) -> str:
+def recorded_params(params: dict[str, Any]) -> dict[str, Any]:
+    """``params`` as a manifest records and fingerprints them: without the ``store`` root."""
+    return {name: value for name, value in params.items() if name != STORE_PARAM}
+
+
+def fingerprint(stage: str, key: str, inputs: list[Input], params: dict[str, Any], store: str | None = None) -> str:
+    """sha256 over the stage, key, inputs and params, free of the store's root: an input below ``store``
+    counts by its store-relative key (one outside it by its URI), and the ``store`` param is left out."""
+    references = sorted(((catalog.store_key(store, i.uri) if store else None) or i.uri, i.sha256) for i in inputs)
     canonical = json.dumps(
-        {"stage": stage, "key": key, "inputs": sorted((i.uri, i.sha256) for i in inputs), "params": params},
+        {"stage": stage, "key": key, "inputs": references, "params": recorded_params(params)},
         sort_keys=True,
         default=str,
     )
@@ -202,20 +244,32 @@ def validate(manifest: Any, uri: str | None = None) -> None:
     raise ManifestError(f"{uri}: not a manifest (invalid at {where}: {message})")
 
 
-def parse(uri: str, body: bytes) -> Manifest:
-    """The manifest read from ``uri``: JSON that matches the schema, else :class:`ManifestError` naming ``uri``."""
+def _check_version(document: Any, uri: str) -> None:
+    """Refuse a manifest of another version than this code writes, saying how to replace it."""
+    if isinstance(document, dict) and document.get("manifest_version", MANIFEST_VERSION) != MANIFEST_VERSION:
+        found = repr(document["manifest_version"])[:40]
+        raise ManifestError(
+            f"{uri}: manifest version {found} is not supported (this code reads version {MANIFEST_VERSION}, "
+            f"with store-relative lineage); rerun the stage with --force to replace it"
+        )
+
+
+def parse(uri: str, body: bytes, store: str) -> Manifest:
+    """The manifest read from ``uri`` in ``store``: JSON that matches the schema (this version), its keys
+    resolved against ``store``; else :class:`ManifestError` naming ``uri``."""
     try:
         document = json.loads(body)
     except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError, absurd nesting
         raise ManifestError(f"{uri}: not a readable manifest ({exc})") from None
+    _check_version(document, uri)
     validate(document, uri)
-    return Manifest.from_dict(document, uri)
+    return Manifest.from_dict(document, uri, store)
 
 
 def _intact(output: Output) -> bool:
-    """Whether ``output`` is still published with its recorded size (one HEAD; no re-hashing)."""
+    """Whether ``output`` is still published with its recorded size (a stat, or one HEAD on S3; no reading)."""
     try:
-        return storage.head(output.uri).size == output.bytes
+        return storage.size(output.uri) == output.bytes
     except storage.ObjectNotFound:
         return False
 
@@ -280,7 +334,7 @@ class StageRun:
 
     @property
     def fingerprint(self) -> str:
-        return fingerprint(self.stage, self.key, self.inputs, self.params)
+        return fingerprint(self.stage, self.key, self.inputs, self.params, self.store)
 
     def _look_up(self) -> None:
         """Read the published manifest once: its etag always (for the compare-and-swap of :meth:`publish`),
@@ -294,7 +348,7 @@ class StageRun:
             return
         self._previous_etag = info.etag
         try:
-            self._previous = parse(self.uri, body)
+            self._previous = parse(self.uri, body, self.store)
         except ManifestError as exc:
             self._previous_error = exc
 
@@ -351,6 +405,8 @@ class StageRun:
         )
 
     def build(self) -> dict[str, Any]:
+        """The manifest document, as published: lineage below the store by store-relative key (see the
+        module's docstring); :class:`ManifestError` when it does not validate."""
         self.timings_s["total"] = round(time.perf_counter() - self._clock, 4)
         document: dict[str, Any] = redact(
             {
@@ -359,9 +415,9 @@ class StageRun:
                 "run_id": self.run_id,
                 "key": self.key,
                 "fingerprint": self.fingerprint,
-                "inputs": [i.to_dict() for i in self.inputs],
-                "outputs": [asdict(o) for o in self.outputs],
-                "params": self.params,
+                "inputs": [i.to_dict(self.store) for i in self.inputs],
+                "outputs": [o.to_dict(self.store, n) for n, o in enumerate(self.outputs)],
+                "params": recorded_params(self.params),
                 "stats": self.stats,
                 "code_version": code_version(),
                 "packages": package_versions(),
@@ -387,24 +443,25 @@ class StageRun:
         try:
             storage.compare_and_swap(self.uri, body, self._previous_etag)
         except storage.PreconditionFailed:
-            winner = parse(self.uri, storage.read_bytes(self.uri))
+            winner = parse(self.uri, storage.read_bytes(self.uri), self.store)
             if winner.fingerprint != self.fingerprint:
                 raise ManifestError(
                     f"{self.uri}: a concurrent {self.stage} run published a manifest for "
                     f"different inputs or params; rerun to reconcile"
                 ) from None
             return StageResult.of(winner, self.uri, skipped=False)
-        return StageResult.of(Manifest.from_dict(document, self.uri), self.uri, skipped=False)
+        return StageResult.of(Manifest.from_dict(document, self.uri, self.store), self.uri, skipped=False)
 
 
 def read(store: str, stage: Stage, key: str) -> Manifest | None:
-    """A published manifest, or None; :class:`ManifestError` naming the URI when it is not a valid one."""
+    """A published manifest, its keys resolved against ``store``, or None; :class:`ManifestError` naming
+    the URI when it is not a valid one."""
     uri = catalog.manifest_uri(store, stage, key)
     try:
         body = storage.read_bytes(uri)
     except storage.ObjectNotFound:
         return None
-    return parse(uri, body)
+    return parse(uri, body, store)
 
 
 def list_keys(store: str, stage: Stage, under: str = "") -> list[str]:

@@ -69,19 +69,20 @@ def table(rows: dict[str, list[Any]], ingest_date: date) -> pa.Table:
 def publish_partition(
     stage_run: manifest.StageRun, ingest_date: date, table: pa.Table, shard_rows: int
 ) -> manifest.StageResult:
-    """Write ``table`` as content-addressed shards of the run's stage, publish the run's manifest, then
-    delete the shards of the manifest it replaces that it no longer lists."""
-    previous_outputs = stage_run.previous_outputs()
+    """Write ``table`` as content-addressed shards of the run's stage, then publish the run's manifest.
+
+    The shards of the manifest it replaces are left where they are: a reader still holding that manifest
+    can finish reading them, and a concurrent run of the partition that lost never had its shards deleted
+    under it. Shards no manifest lists any longer are orphans, removed by the ``gc`` stage once they are
+    older than its retention period."""
+    stage_run.previous_outputs()  # read the replaced manifest now: publish compare-and-swaps against it
     prefix = catalog.sentences_prefix(stage_run.store, stage_run.stage, ingest_date)
     with stage_run.phase("write_shards"):
         for index, start in enumerate(range(0, table.num_rows, shard_rows)):
             stage_run.add_shard(
                 datasets.write_shard(prefix, f"part-{index:05d}", table.slice(start, shard_rows), Dataset.SENTENCES)
             )
-    published = stage_run.publish()
-    for stale in previous_outputs - {o.uri for o in published.outputs}:
-        storage.delete(stale)
-    return published
+    return stage_run.publish()
 
 
 def staged_days(store: str) -> list[date]:

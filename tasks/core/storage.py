@@ -7,7 +7,10 @@ Local URIs are ``file://`` followed by an absolute path, used verbatim (no perce
 S3 URIs are ``s3://bucket/key``.  The S3 client comes from the Airflow connection named by
 ``HPD_AWS_CONN_ID`` when set, else from boto3's default chain (``AWS_ENDPOINT_URL``,
 ``AWS_ACCESS_KEY_ID``, ``AWS_DEFAULT_REGION`` ...).  botocore's "standard" retry mode backs off and
-retries throttling, 5xx and connection errors.  Tuning: ``HPD_S3_MAX_ATTEMPTS`` (total attempts per
+retries throttling, 5xx and connection errors; this module adds what it does not retry: a 409
+``ConditionalRequestConflict`` on a write (sent again after a backoff, never taken for a lost
+compare-and-swap) and a connection that drops in the middle of a GET's body (the object is read
+again from the start).  Tuning: ``HPD_S3_MAX_ATTEMPTS`` (total attempts per
 request, default 8), ``HPD_S3_MULTIPART_THRESHOLD`` (default 64 MiB) and ``HPD_S3_PART_SIZE``
 (default 8 MiB, min 5 MiB).
 
@@ -23,17 +26,27 @@ import hashlib
 import io
 import json
 import os
+import random
 import secrets
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, BinaryIO
 
 import boto3
 import pyarrow as pa
 import pyarrow.parquet as pq
 from botocore.config import Config
-from botocore.exceptions import BotoCoreError, ClientError, ConnectionError, NoCredentialsError
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionError,
+    HTTPClientError,
+    IncompleteReadError,
+    NoCredentialsError,
+)
 
 from tasks.core.uris import StorageError, join, to_uri
 
@@ -343,7 +356,7 @@ class _S3:
                 return StorageError(uri, f"bucket '{_split_s3(uri)[0]}' does not exist")
             if code in ("NoSuchKey", "404", "NotFound"):
                 return ObjectNotFound(uri, "object does not exist")
-            if code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409"):
+            if code in ("PreconditionFailed", "412"):
                 return PreconditionFailed(uri, f"conditional write lost ({code})")
             if code in _REJECTED or status == 403:
                 return StorageError(uri, f"credentials rejected by S3 ({code or status})")
@@ -365,7 +378,9 @@ class _S3:
     def _put(self, uri: str, data: Data, **conditions: str) -> ObjectInfo:
         bucket, key = self._object(uri)
         try:
-            resp = s3_client().put_object(Bucket=bucket, Key=key, Body=bytes(data), **conditions)
+            resp = _retry_conflicts(
+                lambda: s3_client().put_object(Bucket=bucket, Key=key, Body=bytes(data), **conditions)
+            )
         except (ClientError, BotoCoreError) as exc:
             raise self._fail(uri, exc) from exc
         return ObjectInfo(uri, len(data), resp["ETag"])
@@ -398,12 +413,7 @@ class _S3:
         return ObjectInfo(uri, size, resp["ETag"])
 
     def read_bytes(self, uri: str) -> bytes:
-        bucket, key = self._object(uri)
-        try:
-            body: bytes = s3_client().get_object(Bucket=bucket, Key=key)["Body"].read()
-            return body
-        except (ClientError, BotoCoreError) as exc:
-            raise self._fail(uri, exc) from exc
+        return _get_object(uri, None)
 
     def write_bytes(self, uri: str, data: Data | BinaryIO) -> ObjectInfo:
         part_size = max(_int_env("HPD_S3_PART_SIZE", 8 * _MIB), 5 * _MIB)
@@ -484,6 +494,90 @@ def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
     yield from rest
 
 
+# 409s that S3 documents as "a conflicting operation was in progress, nothing was written: try again".
+_CONFLICTS = ("ConditionalRequestConflict", "OperationAborted", "409")
+# Failures while a response body streams in: botocore retries requests, never the reading of a body.
+_BODY_ERRORS = (HTTPClientError, IncompleteReadError)
+_BACKOFF_BASE_S, _BACKOFF_CAP_S = 0.1, 5.0
+
+
+def _attempts() -> int:
+    return max(_int_env("HPD_S3_MAX_ATTEMPTS", 8), 1)
+
+
+def _pause(attempt: int) -> None:
+    """Sleep before retrying after failed ``attempt`` (1, 2, ...): full-jitter exponential backoff."""
+    time.sleep(random.uniform(0, min(_BACKOFF_CAP_S, _BACKOFF_BASE_S * 2**attempt)))
+
+
+def _error_code(exc: ClientError) -> str:
+    return str(exc.response.get("Error", {}).get("Code", ""))
+
+
+def _retry_conflicts(request: Callable[[], Any]) -> Any:
+    """Send a write; a 409 conflict (S3 gives ConditionalRequestConflict when another operation on the key was
+    in flight and this one did not happen) is sent again after a backoff, up to ``HPD_S3_MAX_ATTEMPTS``
+    times in all. It is never a lost compare-and-swap: only a 412 is; an exhausted retry is a StorageError."""
+    attempts, attempt = _attempts(), 1
+    while True:
+        try:
+            return request()
+        except ClientError as exc:
+            if attempt >= attempts or _error_code(exc) not in _CONFLICTS:
+                raise
+        _pause(attempt)
+        attempt += 1
+
+
+def _get_object(uri: str, on_chunk: Callable[[bytes], object] | None) -> bytes:
+    """The whole object. botocore retries the GET request but not the reading of its body: when the connection
+    drops mid-body, the object is read again from the start (up to ``HPD_S3_MAX_ATTEMPTS`` reads in all). A
+    re-read asks for the version read first (If-Match its ETag) and skips the bytes already taken, so
+    ``on_chunk`` (a verifying hash) sees every byte once, in order; a plain read whose object was replaced
+    in between starts over on the new version."""
+    backend = _BACKENDS["s3"]
+    assert isinstance(backend, _S3)
+    bucket, key = backend._object(uri)
+    parts: list[bytes] = []
+    etag: str | None = None
+    attempts = _attempts()
+    for attempt in range(1, attempts + 1):
+        try:
+            resp = s3_client().get_object(Bucket=bucket, Key=key, **({"IfMatch": etag} if etag else {}))
+        except ClientError as exc:
+            if etag is None or _error_code(exc) not in ("PreconditionFailed", "412"):
+                raise backend._fail(uri, exc) from exc
+            if on_chunk is not None:
+                raise StorageError(uri, "the object was replaced while it was being read") from exc
+            parts, etag = [], None
+            continue
+        except BotoCoreError as exc:
+            raise backend._fail(uri, exc) from exc
+        etag = resp["ETag"]
+        try:
+            _take(resp["Body"], parts, on_chunk)
+            return b"".join(parts)
+        except _BODY_ERRORS as exc:
+            if attempt == attempts:
+                raise backend._fail(uri, exc) from exc
+        _pause(attempt)
+    raise StorageError(uri, f"no complete read in {attempts} attempts")
+
+
+def _take(body: Any, parts: list[bytes], on_chunk: Callable[[bytes], object] | None) -> None:
+    """Append ``body``'s bytes to ``parts``, skipping as many as ``parts`` holds already (an earlier read of the
+    same version that broke off)."""
+    skip = sum(len(p) for p in parts)
+    for chunk in body.iter_chunks(_CHUNK):
+        if skip >= len(chunk):
+            skip -= len(chunk)
+            continue
+        chunk, skip = chunk[skip:], 0
+        if on_chunk is not None:
+            on_chunk(chunk)
+        parts.append(chunk)
+
+
 # --------------------------------------------------------------------------------- verified reads
 
 
@@ -519,19 +613,8 @@ def _read_local_hashing(uri: str, digest: Any | None) -> Any:
 
 
 def _read_s3_hashing(uri: str, digest: Any) -> bytes:
-    """The whole object, hashed chunk by chunk as it streams in."""
-    backend = _BACKENDS["s3"]
-    assert isinstance(backend, _S3)
-    bucket, key = backend._object(uri)
-    parts = []
-    try:
-        body = s3_client().get_object(Bucket=bucket, Key=key)["Body"]
-        for chunk in body.iter_chunks(_CHUNK):
-            digest.update(chunk)
-            parts.append(chunk)
-    except (ClientError, BotoCoreError) as exc:
-        raise backend._fail(uri, exc) from exc
-    return b"".join(parts)
+    """The whole object, hashed chunk by chunk as it streams in (once each, even when a read is retried)."""
+    return _get_object(uri, digest.update)
 
 
 def _read_verified(uri: str, sha256: str) -> Any:
@@ -656,6 +739,55 @@ def list_uris(prefix: str) -> list[str]:
 def delete(uri: str) -> None:
     """Delete the object; a missing object is fine."""
     _backend(uri).delete(uri)
+
+
+@dataclass(frozen=True)
+class ListedObject:
+    """An object as a listing sees it, hidden ones (``.tmp-*``, ``.lock-*``) included: its URI, size in
+    bytes and last-modified time (timezone-aware, UTC)."""
+
+    uri: str
+    size: int
+    modified: datetime
+
+
+def _list_local_objects(prefix: str) -> list[ListedObject]:
+    found = []
+    for folder, _dirs, files in os.walk(_local_path(prefix)):
+        for name in files:
+            path = os.path.join(folder, name)
+            try:
+                stat = os.stat(path)
+            except FileNotFoundError:  # deleted, or renamed into place, since the walk saw it
+                continue
+            found.append(ListedObject("file://" + path, stat.st_size, datetime.fromtimestamp(stat.st_mtime, UTC)))
+    return found
+
+
+def _list_s3_objects(prefix: str) -> list[ListedObject]:
+    bucket, key = _split_s3(prefix)
+    folder = f"{key}/" if key else ""
+    found = []
+    try:
+        for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder):
+            found += [
+                ListedObject(f"s3://{bucket}/{o['Key']}", o["Size"], o["LastModified"].astimezone(UTC))
+                for o in page.get("Contents", [])
+                if not o["Key"].endswith("/")
+            ]
+    except (ClientError, BotoCoreError) as exc:
+        raise _BACKENDS["s3"]._fail(prefix, exc) from exc
+    return found
+
+
+def list_objects(prefix: str) -> list[ListedObject]:
+    """Every object under the folder ``prefix``, recursively, sorted by URI, with its size and last-modified
+    time; unlike :func:`list_uris` it includes the hidden temp and lock files (of writers in progress, or
+    killed). For garbage collection: an object's time is when it was last written (locally the file's
+    mtime, on S3 the object's LastModified, in the server's clock)."""
+    backend = _backend(prefix)
+    listed = _list_local_objects(prefix) if isinstance(backend, _Local) else _list_s3_objects(prefix)
+    return sorted(listed, key=lambda o: o.uri)
 
 
 def read_parquet(uri: str, columns: list[str] | None = None, sha256: str | None = None) -> pa.Table:

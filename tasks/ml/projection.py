@@ -43,7 +43,8 @@ class Projection:
             "explained_variance": self.explained_variance.astype(np.float64),
             "explained_variance_ratio": self.explained_variance_ratio.astype(np.float64),
         }
-        return save(tensors, metadata={"mode": self.mode, "rows": str(self.rows)})
+        # One metadata entry: safetensors writes several in no fixed order, and equal fits must give equal bytes.
+        return save(tensors, metadata={"hpd": json.dumps({"mode": self.mode, "rows": self.rows}, sort_keys=True)})
 
     @classmethod
     def from_safetensors(cls, body: bytes, uri: str = "<bytes>") -> Projection:
@@ -52,7 +53,8 @@ class Projection:
         try:
             tensors = load(body)
             header_size = int.from_bytes(body[:8], "little")  # safetensors: u64 size, then a JSON header
-            meta = json.loads(body[8 : 8 + header_size]).get("__metadata__", {})
+            stored = json.loads(body[8 : 8 + header_size]).get("__metadata__", {})
+            meta = json.loads(stored["hpd"]) if "hpd" in stored else stored
         except Exception as exc:
             raise PCAError(f"{uri}: not a PCA artifact ({exc})") from None
         return cls(

@@ -174,6 +174,13 @@ class QualityParams(StageParams):
     min_variance: float = Field(1e-8, ge=0, description="smallest acceptable per-dimension target variance")
 
 
+class GCParams(StageParams):
+    retention_hours: float = Field(
+        24, ge=0, description="delete unreferenced objects only once they are older than this (hours)"
+    )
+    dry_run: bool = Field(False, description="list what would be deleted, delete nothing")
+
+
 # Each stage's parameter model; the stage itself is the module ``tasks.stages.<stage>``, whose ``run``
 # takes these parameters.
 PARAMS: dict[catalog.Stage, type[StageParams]] = {
@@ -185,4 +192,5 @@ PARAMS: dict[catalog.Stage, type[StageParams]] = {
     catalog.Stage.VALIDATE: ValidateParams,
     catalog.Stage.BUILD_INDEX: BuildIndexParams,
     catalog.Stage.QUALITY: QualityParams,
+    catalog.Stage.GC: GCParams,
 }

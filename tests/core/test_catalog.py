@@ -234,3 +234,82 @@ def test_a_pointer_of_the_wrong_shape_is_named(store_root):
     storage.write_bytes(uri, json.dumps({"index": "x"}).encode())
     with pytest.raises(catalog.PointerError, match=f"{uri}: not a models/current.json pointer"):
         catalog.read_pointer(store_root, Pointer.MODEL)
+
+
+# -- store-relative references ------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("store", "uri", "key"),
+    [
+        ("s3://bucket/root", "s3://bucket/root/manifests/distill/x.json", "manifests/distill/x.json"),
+        ("s3://bucket", "s3://bucket/models/current.json", "models/current.json"),
+        ("file:///srv/store", "file:///srv/store/a/b.parquet", "a/b.parquet"),
+        ("file:///srv/store/", "file:///srv/store/a/b.parquet", "a/b.parquet"),
+        ("s3://bucket/root", "s3://bucket/root-copy/x.json", None),  # a sibling, not below the root
+        ("s3://bucket/root", "s3://bucket/root", None),
+        ("s3://bucket/root", "s3://other/root/x.json", None),
+        ("file:///srv/store", "file:///raw/in.txt", None),
+        ("s3://bucket/root", "s3://bucket/root/a/../../x", None),
+        ("s3://bucket/root", "s3://bucket/root//x", None),
+    ],
+)
+def test_store_key(store, uri, key):
+    assert catalog.store_key(store, uri) == key
+    if key is not None:
+        assert catalog.resolve(store, key) == uri
+
+
+def test_resolve_joins_keys_and_keeps_absolute_uris():
+    assert catalog.resolve("s3://b/copy", "indexes/x/index.faiss") == "s3://b/copy/indexes/x/index.faiss"
+    assert catalog.resolve("s3://b/copy", "file:///raw/in.txt") == "file:///raw/in.txt"
+    for bad in ("a/../../x", "./a", "a//b", "/etc/passwd", ""):
+        with pytest.raises(storage.StorageError, match="not a store-relative key"):
+            catalog.resolve("s3://b/copy", bad)
+
+
+def _copy_pointer(source: str, target: str, pointer: Pointer) -> None:
+    body = storage.read_bytes(catalog.pointer_uri(source, pointer))
+    storage.write_bytes(catalog.pointer_uri(target, pointer), body)
+
+
+def test_pointers_record_keys_and_resolve_against_the_store_reading_them(store_root):
+    model = ModelPointer("a", {"STS-B test": 1.0}, f"{store_root}/manifests/validate/a.json")
+    index = IndexPointer(
+        f"{store_root}/indexes/a/0123456789ab/index.faiss",
+        f"{store_root}/indexes/a/0123456789ab/ids.parquet",
+        f"{store_root}/manifests/build_index/a.json",
+        "a",
+        8,
+        "r",
+    )
+    catalog.move_pointer(store_root, model, None)
+    catalog.move_pointer(store_root, index, None)
+    assert json.loads(storage.read_bytes(catalog.pointer_uri(store_root, Pointer.MODEL)))["validation"] == (
+        "manifests/validate/a.json"
+    )
+    recorded = json.loads(storage.read_bytes(catalog.pointer_uri(store_root, Pointer.INDEX)))
+    assert (recorded["index"], recorded["ids"], recorded["manifest"]) == (
+        "indexes/a/0123456789ab/index.faiss",
+        "indexes/a/0123456789ab/ids.parquet",
+        "manifests/build_index/a.json",
+    )
+    assert catalog.read_pointer(store_root, Pointer.MODEL)[0] == model
+    assert catalog.read_pointer(store_root, Pointer.INDEX)[0] == index
+    copy = f"{store_root}-copy"
+    for pointer in Pointer:
+        _copy_pointer(store_root, copy, pointer)
+    copied = catalog.read_pointer(copy, Pointer.INDEX)[0]
+    assert copied is not None and copied.index == f"{copy}/indexes/a/0123456789ab/index.faiss"
+    assert (copied.ids, copied.manifest) == (
+        f"{copy}/indexes/a/0123456789ab/ids.parquet",
+        f"{copy}/manifests/build_index/a.json",
+    )
+    promoted = catalog.read_pointer(copy, Pointer.MODEL)[0]
+    assert promoted is not None and promoted.validation == f"{copy}/manifests/validate/a.json"
+
+
+@pytest.mark.parametrize("reference", ["manifests/../../../etc/passwd.json", "a//b.json", "/abs/x.json"])
+def test_a_pointer_key_that_leaves_the_store_is_refused(store_root, reference):
+    uri = catalog.pointer_uri(store_root, Pointer.MODEL)
+    storage.write_bytes(uri, json.dumps({"model_run": "a", "scores": {}, "validation": reference}).encode())
+    with pytest.raises(catalog.PointerError, match=f"{re.escape(uri)}: not a models/current.json pointer"):
+        catalog.read_pointer(store_root, Pointer.MODEL)

@@ -1,4 +1,5 @@
 import json
+import re
 
 import pytest
 
@@ -23,12 +24,13 @@ def _run(store, params=None, sha="a" * 64):
 def test_published_manifest_validates_and_records_versions(store):
     run = _run(store)
     with run.phase("work"):
-        run.outputs.append(manifest.Output("file:///out/part-0.parquet", "b" * 64, 3, 10, "sentences", 1))
+        run.outputs.append(manifest.Output(f"{store}/out/part-0.parquet", "b" * 64, 3, 10, "sentences", 1))
     published = run.publish()
     on_store = json.loads(storage.read_bytes(run.uri))
     assert on_store == published.manifest.document
-    assert published.outputs == (manifest.Output("file:///out/part-0.parquet", "b" * 64, 3, 10, "sentences", 1),)
+    assert published.outputs == (manifest.Output(f"{store}/out/part-0.parquet", "b" * 64, 3, 10, "sentences", 1),)
     manifest.validate(on_store)
+    assert on_store["manifest_version"] == 2
     assert on_store["packages"]["pyarrow"]
     assert on_store["code_version"].startswith(("git:", "hpd-pipeline=="))
     assert set(on_store["timings_s"]) == {"work", "total"}
@@ -55,7 +57,17 @@ def test_rerun_replaces_the_manifest_and_a_concurrent_change_is_refused(store):
 def test_invalid_manifest_is_not_published(store):
     run = _run(store)
     run.add_output("not-a-uri", b"body")
-    with pytest.raises(manifest.ManifestError, match="outputs/0/uri"):
+    with pytest.raises(manifest.ManifestError, match="outputs/0: 'not-a-uri' is not below the store"):
+        run.publish()
+    assert not storage.exists(run.uri)
+
+
+def test_an_output_outside_the_store_is_not_published(store, tmp_path):
+    run = _run(store)
+    outside = storage.to_uri(str(tmp_path / "elsewhere" / "part-0.parquet"))
+    run.write_output(f"{store}/out/a.bin", b"inside")
+    run.write_output(outside, b"outside")
+    with pytest.raises(manifest.ManifestError, match=f"outputs/1: '{outside}' is not below the store {store}"):
         run.publish()
     assert not storage.exists(run.uri)
 
@@ -196,11 +208,143 @@ def test_a_skip_needs_every_output_with_its_recorded_size(store_root):
     assert _run(store_root).previous_outputs() == {first, second}  # the rebuild still knows what it replaces
 
 
-def test_a_verified_skip_costs_one_head_per_output_and_reads_only_the_manifest(store, monkeypatch):
+def test_a_verified_skip_sizes_each_output_and_reads_only_the_manifest(store, monkeypatch):
     run = _published_run(store)
-    heads, reads = [], []
+    heads, sizes, reads = [], [], []
     monkeypatch.setattr(storage, "head", _recording(heads, storage.head))
+    monkeypatch.setattr(storage, "size", _recording(sizes, storage.size))
     monkeypatch.setattr(storage, "read_bytes", _recording(reads, storage.read_bytes))
     assert _run(store).skip_result(force=False) is not None
-    assert reads == [run.uri]
-    assert sorted(heads) == sorted([run.uri, f"{store}/out/a.bin", f"{store}/out/b.bin"])
+    assert reads == [run.uri] and heads == [run.uri]  # the manifest (and its etag)
+    assert sorted(sizes) == sorted([f"{store}/out/a.bin", f"{store}/out/b.bin"])  # each output: a stat
+
+
+# -- store-relative lineage ---------------------------------------------------------------------------------
+KEY = "ingest_date=2026-11-30"
+
+
+def _copy_store(source: str, target: str) -> None:
+    """Every object below ``source`` written to the same key below ``target`` (any backends)."""
+    for uri in storage.list_uris(source):
+        storage.write_bytes(target + uri[len(source) :], storage.read_bytes(uri))
+
+
+def _lineage_run(store, params=None, raw="file:///raw/in.txt"):
+    """A run reading a raw file outside ``store`` and a shard inside it, with ``store`` among its params
+    (as every stage passes it)."""
+    return manifest.StageRun(
+        stage="demo_stage",
+        key=KEY,
+        store=store,
+        params={"store": store, "k": 1, **(params or {})},
+        inputs=[manifest.Input(raw, "a" * 64, 3, 30), manifest.Input(f"{store}/sentences/x.parquet", "c" * 64, 2)],
+    )
+
+
+def _published_lineage(store):
+    run = _lineage_run(store)
+    run.write_output(f"{store}/out/a.bin", b"first output")
+    run.write_output(f"{store}/out/sub/b.bin", b"second output")
+    return run.publish()
+
+
+def test_lineage_below_the_store_is_recorded_by_key_and_the_root_nowhere(store_root):
+    published = _published_lineage(store_root)
+    body = storage.read_bytes(published.manifest_uri).decode()
+    document = json.loads(body)
+    assert document["manifest_version"] == 2
+    assert document["inputs"] == [
+        {"uri": "file:///raw/in.txt", "sha256": "a" * 64, "rows": 3, "bytes": 30},
+        {"key": "sentences/x.parquet", "sha256": "c" * 64, "rows": 2},
+    ]
+    assert [o["key"] for o in document["outputs"]] == ["out/a.bin", "out/sub/b.bin"]
+    assert all("uri" not in o for o in document["outputs"])
+    assert document["params"] == {"k": 1}  # the store root is recorded nowhere
+    assert store_root.split("://", 1)[1] not in body
+    # in memory, every record is absolute again
+    assert published.manifest.inputs[1].uri == f"{store_root}/sentences/x.parquet"
+    assert [o.uri for o in published.outputs] == [f"{store_root}/out/a.bin", f"{store_root}/out/sub/b.bin"]
+
+
+def test_a_manifest_resolves_against_the_store_it_is_read_from(store_root):
+    published = _published_lineage(store_root)
+    copy = f"{store_root}-copy"  # a sibling whose name starts with the original's
+    _copy_store(store_root, copy)
+    read = manifest.read(copy, "demo_stage", KEY)
+    assert [i.uri for i in read.inputs] == ["file:///raw/in.txt", f"{copy}/sentences/x.parquet"]
+    assert [o.uri for o in read.outputs] == [f"{copy}/out/a.bin", f"{copy}/out/sub/b.bin"]
+    assert read.fingerprint == published.manifest.fingerprint
+    assert [o.uri for o in manifest.read(store_root, "demo_stage", KEY).outputs] == [o.uri for o in published.outputs]
+
+
+def test_the_store_root_is_in_no_fingerprint():
+    first, second = "s3://bucket/root", "file:///elsewhere/store"
+    assert _lineage_run(first).fingerprint == _lineage_run(second).fingerprint
+    assert _lineage_run(first).fingerprint != _lineage_run(first, {"k": 2}).fingerprint
+    assert _lineage_run(first).fingerprint != _lineage_run(first, raw="file:///raw/other.txt").fingerprint
+    inside, outside = [manifest.Input("s3://b/r/x", "a" * 64)], [manifest.Input("s3://b/other/x", "a" * 64)]
+    assert manifest.fingerprint("s", "k", inside, {"store": "s3://b/r"}, "s3://b/r") == manifest.fingerprint(
+        "s", "k", [manifest.Input("file:///s/x", "a" * 64)], {"store": "file:///s"}, "file:///s"
+    )
+    assert manifest.fingerprint("s", "k", inside, {}, "s3://b/r") != manifest.fingerprint(
+        "s", "k", outside, {}, "s3://b/other-root"
+    )
+
+
+def test_a_copied_store_completes_the_work_there_and_replaces_only_its_own_objects(store_root, monkeypatch):
+    published = _published_lineage(store_root)
+    original = {uri: storage.read_bytes(uri) for uri in storage.list_uris(store_root)}
+    copy = f"{store_root}-copy"
+    _copy_store(store_root, copy)
+    touched = []
+    with monkeypatch.context() as patched:
+        patched.setattr(storage, "head", _recording(touched, storage.head))
+        patched.setattr(storage, "size", _recording(touched, storage.size))
+        patched.setattr(storage, "read_bytes", _recording(touched, storage.read_bytes))
+        done = _lineage_run(copy).skip_result(force=False)
+        assert done is not None and done.manifest.run_id == published.manifest.run_id
+        assert set(touched) == {f"{copy}/manifests/demo_stage/{KEY}.json", f"{copy}/out/a.bin", f"{copy}/out/sub/b.bin"}
+        rerun = _lineage_run(copy, {"k": 2})
+        assert rerun.completed() is None
+        assert rerun.previous_outputs() == {f"{copy}/out/a.bin", f"{copy}/out/sub/b.bin"}
+    assert {uri: storage.read_bytes(uri) for uri in storage.list_uris(store_root)} == original
+
+
+def test_a_manifest_of_another_version_is_refused_and_a_forced_run_replaces_it(store_root):
+    published = _published_lineage(store_root)
+    uri = published.manifest_uri
+    old = json.loads(storage.read_bytes(uri))
+    old["manifest_version"] = 1  # as version 1 wrote it: absolute URIs, the store among the params
+    old["inputs"][1] = {"uri": f"{store_root}/sentences/x.parquet", **_without(old["inputs"][1], "key")}
+    old["outputs"] = [{"uri": f"{store_root}/{o['key']}", **_without(o, "key")} for o in old["outputs"]]
+    storage.write_bytes(uri, json.dumps(old).encode())
+    message = f"^{re.escape(uri)}: manifest version 1 is not supported .*rerun the stage with --force"
+    with pytest.raises(manifest.ManifestError, match=message):
+        manifest.read(store_root, "demo_stage", KEY)
+    with pytest.raises(manifest.ManifestError, match=message):
+        _lineage_run(store_root).skip_result(force=False)
+    forced = _lineage_run(store_root)
+    assert forced.skip_result(force=True) is None
+    assert forced.previous_outputs() == set()  # nothing it lists is deleted on its word
+    forced.write_output(f"{store_root}/out/a.bin", b"first output")
+    assert forced.publish().manifest.document["manifest_version"] == 2
+
+
+@pytest.mark.parametrize(
+    ("change", "where"),
+    [
+        (lambda d: {**d, "outputs": [{**_without(d["outputs"][0], "key"), "uri": "file:///s/out/a.bin"}]}, "outputs/0"),
+        (lambda d: {**d, "outputs": [{**d["outputs"][0], "key": "out/../../etc/passwd"}]}, "outputs/0/key"),
+        (lambda d: {**d, "outputs": [{**d["outputs"][0], "key": "/etc/passwd"}]}, "outputs/0/key"),
+        (lambda d: {**d, "outputs": [{**d["outputs"][0], "key": "s3://bucket/out/a.bin"}]}, "outputs/0/key"),
+        (lambda d: {**d, "inputs": [{**d["inputs"][1], "uri": "file:///s/x"}]}, "inputs/0"),
+        (lambda d: {**d, "inputs": [{**d["inputs"][1], "key": "a//b"}]}, "inputs/0/key"),
+        (lambda d: {**d, "params": {"store": "file:///s", "k": 1}}, "params"),
+    ],
+    ids=["output-uri", "dot-dot", "leading-slash", "scheme", "key-and-uri", "empty-segment", "store-param"],
+)
+def test_the_schema_holds_lineage_to_keys(store, change, where):
+    document = _published_lineage(store).manifest.document
+    manifest.validate(document)
+    with pytest.raises(manifest.ManifestError, match=f"manifest invalid at {where}:"):
+        manifest.validate(change(document))

@@ -17,7 +17,7 @@ def dagbag():
 
 def test_no_import_errors(dagbag):
     assert dagbag.import_errors == {}
-    assert set(dagbag.dag_ids) == {"hpd_ingest", "hpd_retrain", "hpd_index", "hpd_quality_report"}
+    assert set(dagbag.dag_ids) == {"hpd_ingest", "hpd_retrain", "hpd_index", "hpd_quality_report", "hpd_maintenance"}
 
 
 def test_every_dag_has_docs_tags_and_retries(dagbag):

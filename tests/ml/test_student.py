@@ -4,12 +4,13 @@ elsewhere."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
-from tasks.core import manifest, storage
+from tasks.core import catalog, manifest, storage
 from tasks.core.catalog import Stage
 from tasks.ml import student
 from tasks.ml.student import StudentError
@@ -47,9 +48,18 @@ def test_fetch_exported_downloads_the_model_folder(store_root, tmp_path):
 
 
 def test_fetch_exported_refuses_an_output_escaping_the_model_folder(store_root, tmp_path):
-    folder = _publish(store_root, "evil", [*MODEL_FILES, "../../evil.txt"])
+    """A stage cannot publish such an output (the writer refuses it); a manifest planted with one is refused
+    when it is read, naming the bad entry, before anything is downloaded."""
+    folder = _publish(store_root, "evil", MODEL_FILES)
+    with pytest.raises(manifest.ManifestError, match="not below the store"):
+        _publish(store_root, "evil-direct", ["../../../../evil.txt"])
+    uri = catalog.manifest_uri(store_root, Stage.DISTILL, "evil")
+    document = json.loads(storage.read_bytes(uri))
+    escaping = catalog.store_key(store_root, folder) + "/../../evil.txt"
+    document["outputs"].append({**document["outputs"][0], "key": escaping})
+    storage.write_bytes(uri, json.dumps(document).encode())
     into = tmp_path / "download" / "into"
-    with pytest.raises(StudentError, match=re.escape(f"{folder}/../../evil.txt")):
+    with pytest.raises(manifest.ManifestError, match=re.escape(uri)):
         student.fetch_exported(store_root, "evil", into)
     store = tmp_path / "store"
     assert _files_outside(tmp_path, store) == []  # not even the model's own files: checked before any download

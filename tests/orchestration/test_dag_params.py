@@ -86,7 +86,7 @@ def _default_problems(ref: str, param: Param, expected: dict[str, Any]) -> list[
 def dagbag() -> DagBag:
     bag = DagBag(str(DAGS))
     assert bag.import_errors == {}
-    assert set(bag.dag_ids) == {"hpd_ingest", "hpd_retrain", "hpd_index", "hpd_quality_report"}
+    assert set(bag.dag_ids) == {"hpd_ingest", "hpd_retrain", "hpd_index", "hpd_quality_report", "hpd_maintenance"}
     return bag
 
 

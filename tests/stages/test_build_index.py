@@ -1,12 +1,11 @@
-import json
 import threading
 from datetime import date
 
 import pytest
 
 from tasks import cli
-from tasks.core import catalog, config, contracts, storage
-from tasks.core.catalog import IndexPointer, ModelPointer, Pointer
+from tasks.core import catalog, config, contracts, manifest, storage
+from tasks.core.catalog import IndexPointer, ModelPointer, Pointer, Stage
 from tasks.stages import build_index
 from tests.support.projected_store import distill_tiny, projected_store
 
@@ -34,9 +33,9 @@ def test_flat_index_is_exact_promoted_and_searchable(store, capsys):
     stats = result.stats
     assert stats["rows"] == 300 and stats["dim"] == 8 and stats["recall_at_10"] == 1.0
     assert stats["queries_per_s_batch1"] > 0 and stats["bytes"] >= 300 * 8 * 4
-    pointer = json.loads(storage.read_bytes(catalog.pointer_uri(store, Pointer.INDEX)))
-    assert pointer["manifest"] == result.manifest_uri and storage.exists(pointer["index"])
-    ids = storage.read_parquet(pointer["ids"])
+    pointer, _ = catalog.read_pointer(store, Pointer.INDEX)  # store-relative keys, resolved against the store
+    assert pointer.manifest == result.manifest_uri and storage.exists(pointer.index)
+    ids = storage.read_parquet(pointer.ids)
     assert contracts.identify(ids.schema) == ("index_ids", 1) and ids.num_rows == 300
     embeddings = [o for o in result.outputs if o.contract == "student_embeddings"]
     assert sum(o.rows for o in embeddings) == 300
@@ -89,8 +88,8 @@ def test_concurrent_promotions_have_one_winner(store):
         t.join()
     winners = [o for o in outcomes if isinstance(o, str)]
     assert len(winners) == 1 and sum(isinstance(o, build_index.PromotionConflict) for o in outcomes) == 1
-    pointer = json.loads(storage.read_bytes(catalog.pointer_uri(store, Pointer.INDEX)))
-    assert pointer["run_id"] == winners[0] and storage.exists(pointer["index"]) and storage.exists(pointer["ids"])
+    pointer, _ = catalog.read_pointer(store, Pointer.INDEX)
+    assert pointer.run_id == winners[0] and storage.exists(pointer.index) and storage.exists(pointer.ids)
 
 
 def test_missing_objects_leave_the_pointer_alone(store):
@@ -158,7 +157,10 @@ def test_an_index_of_another_dimension_is_refused(store, tmp_path):
     wrong.add(np.eye(5, dtype=np.float32))
     storage.write_bytes(f"{other}/indexes/wrong/index.faiss", faiss.serialize_index(wrong).tobytes())
     catalog.move_pointer(other, _index_pointer(f"{other}/indexes/wrong/index.faiss", ids), None)
-    distill_manifest = storage.read_bytes(f"{store}/manifests/distill/tiny.json")
-    storage.write_bytes(f"{other}/manifests/distill/tiny.json", distill_manifest)
+    # the distill run 'tiny' copied into ``other``: its manifest names its exported model by store-relative
+    # keys, so the model's files come along
+    distill_manifest = f"{store}/manifests/distill/tiny.json"
+    for uri in [distill_manifest, *(o.uri for o in manifest.read(store, Stage.DISTILL, "tiny").outputs)]:
+        storage.write_bytes(other + uri.removeprefix(store), storage.read_bytes(uri))
     with pytest.raises(build_index.IndexBuildError, match="index dimension 5 differs from the model's 8"):
         build_index.search(other, "anything")

@@ -200,7 +200,7 @@ def test_corrupted_checkpoint_is_named_and_nothing_is_published(prepared):
         time.sleep(0.02)
     child.send_signal(signal.SIGKILL)
     child.wait()
-    checkpoint = json.loads(storage.read_bytes(latest))["uri"]
+    checkpoint = f"{store}/" + json.loads(storage.read_bytes(latest))["key"]  # store-relative
     storage.write_bytes(checkpoint, b"not a checkpoint")
     with pytest.raises(distill.DistillError, match=f"{checkpoint}: corrupted"):
         distill.run(params)
@@ -235,7 +235,7 @@ class _Stop(Exception):
 
 def _checkpointed_run(prepared, monkeypatch, name):
     """A run of ``name`` stopped right after its checkpoint of step 1: its params, ``latest.json``'s URI
-    and the pointer in it."""
+    and the pointer in it (which names the checkpoint by its store-relative ``key``)."""
     params = _params(prepared, max_steps=6, checkpoint_every=1, name=name)
     save = distill.Trainer._save_checkpoint
 
@@ -279,12 +279,13 @@ def test_a_planted_pickle_is_refused_and_never_run(prepared, monkeypatch, tmp_pa
     name = f"planted-{form.replace('.', '-')}"
     params, latest, pointer = _checkpointed_run(prepared, monkeypatch, name)
     marker = tmp_path / "marker"
-    planted = pointer["uri"].rsplit("/", 1)[0] + "/step-00000006.pt"
+    planted_key = pointer["key"].rsplit("/", 1)[0] + "/step-00000006.pt"
+    planted = f"{prepared['store']}/{planted_key}"
     buffer = io.BytesIO()
     torch.save({"model": _Planted(marker)}, buffer)
     body = buffer.getvalue() if form == "torch.save" else pickle.dumps({"model": _Planted(marker)})
     storage.write_bytes(planted, body)
-    storage.write_bytes(latest, json.dumps({**pointer, "uri": planted, "step": 6}).encode())
+    storage.write_bytes(latest, json.dumps({**pointer, "key": planted_key, "step": 6}).encode())
     with pytest.raises(distill.DistillError, match=f"^{re.escape(planted)}: .*{refusal}.*--force"):
         distill.run(params)
     assert not marker.exists()
@@ -302,25 +303,28 @@ def test_a_planted_pickle_is_refused_and_never_run(prepared, monkeypatch, tmp_pa
     [
         pytest.param(kind, named, id=kind)
         for kind, named in [
-            ("other-run", "{store}/students/{name}-other/checkpoints/step-00000001.pt"),
+            ("other-run", "students/{name}-other/checkpoints/step-00000001.pt"),
             ("dot-dot", "{prefix}/../../{name}-other/checkpoints/step-00000001.pt"),
-            ("outside-store", "{outside}/step-00000001.pt"),
+            ("outside-store", "{outside}/step-00000001.pt"),  # an absolute URI, not a key
+            ("own-absolute", "{store}/{prefix}/step-00000001.pt"),  # its own checkpoint, but not by key
             ("bad-name", "{prefix}/stolen.pt"),  # in the folder, not a step-<8 digits>.pt
             ("dot", "{prefix}/./step-00000001.pt"),  # the run's own checkpoint, spelt with a '.' segment
         ]
     ],
 )
 def test_a_pointer_outside_the_run_folder_is_refused(prepared, monkeypatch, tmp_path, kind, named):
-    """``latest.json`` may name only a ``step-<8 digits>.pt`` of this run's checkpoint folder; each URI here
-    holds a genuine checkpoint of the same fingerprint, so only the confinement refuses it."""
-    name = f"confined-{kind}"
+    """``latest.json`` may name only a ``step-<8 digits>.pt`` of this run's checkpoint folder, by its
+    store-relative key; each place named here holds a genuine checkpoint of the same fingerprint, so only
+    the confinement refuses it."""
+    name, store = f"confined-{kind}", prepared["store"]
     params, latest, pointer = _checkpointed_run(prepared, monkeypatch, name)
-    prefix = pointer["uri"].rsplit("/", 1)[0]
-    uri = named.format(store=prepared["store"], name=name, prefix=prefix, outside=storage.to_uri(str(tmp_path)))
+    prefix = pointer["key"].rsplit("/", 1)[0]
+    key = named.format(store=store, name=name, prefix=prefix, outside=storage.to_uri(str(tmp_path)))
+    uri = key if "://" in key else f"{store}/{key}"
     if "/./" not in uri:
-        storage.write_bytes(uri, storage.read_bytes(pointer["uri"]))
-    storage.write_bytes(latest, json.dumps({**pointer, "uri": uri}).encode())
-    with pytest.raises(distill.DistillError, match=f"^{re.escape(latest)}: names '{re.escape(uri)}'.*refused"):
+        storage.write_bytes(uri, storage.read_bytes(f"{store}/{pointer['key']}"))
+    storage.write_bytes(latest, json.dumps({**pointer, "key": key}).encode())
+    with pytest.raises(distill.DistillError, match=f"^{re.escape(latest)}: names '{re.escape(key)}'.*refused"):
         distill.run(params)
     assert _nothing_published(prepared["store"], name)
     storage.write_bytes(latest, json.dumps(pointer).encode())  # the run's own checkpoint still resumes

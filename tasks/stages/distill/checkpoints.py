@@ -7,7 +7,8 @@ fingerprint, so only a run with the same inputs and params resumes from it. The 
 The store is not trusted with code: a checkpoint holds tensors and plain types only (see
 :func:`tasks.stages.distill.state.rng_states`) and loads with ``torch.load(..., weights_only=True)``,
 so a planted pickle is refused, never run; and ``latest.json`` may only name a ``step-<8 digits>.pt``
-of this run's own folder.
+of this run's own folder. It names it by store-relative ``key`` (``students/<run>/checkpoints/step-....pt``),
+resolved against the store that reads it, so a copied store resumes from its own checkpoints.
 """
 
 from __future__ import annotations
@@ -32,11 +33,12 @@ class Checkpoints:
     """The checkpoints of one run (``run``) with one fingerprint."""
 
     def __init__(self, store: str, run: str, fingerprint: str) -> None:
+        self.store = store
         self.prefix = catalog.checkpoints_prefix(store, run)
         self.fingerprint = fingerprint
 
     def latest(self) -> dict[str, Any] | None:
-        """The ``latest.json`` pointer (uri, step, init record) when it belongs to this fingerprint."""
+        """The ``latest.json`` pointer (key, step, init record) when it belongs to this fingerprint."""
         uri = storage.join(self.prefix, LATEST)
         if not storage.exists(uri):
             return None
@@ -57,17 +59,20 @@ class Checkpoints:
         return pointer, uri, self.load(uri)
 
     def checkpoint_uri(self, pointer: dict[str, Any]) -> str:
-        """The checkpoint ``pointer`` names, when it is a ``step-<8 digits>.pt`` directly in :attr:`prefix`
-        (spelt as :meth:`save` spells it); anything else is refused unread."""
-        where, named = storage.join(self.prefix, LATEST), pointer.get("uri")
+        """The checkpoint ``pointer`` names by store-relative key, resolved against this store, when it is a
+        ``step-<8 digits>.pt`` directly in :attr:`prefix` (spelt as :meth:`save` spells it); anything else
+        (an absolute URI, a key with a ``.`` or ``..`` segment, another folder) is refused unread."""
+        where, named = storage.join(self.prefix, LATEST), pointer.get("key")
         try:
-            uri = uris.contained(self.prefix, str(named))
+            if not isinstance(named, str) or "://" in named:
+                raise storage.StorageError(str(named), "not a store-relative key")
+            uri = uris.contained(self.prefix, catalog.resolve(self.store, named))
         except storage.StorageError as exc:
             raise CheckpointError(
                 f"{where}: names {named!r}, outside this run's checkpoints {self.prefix} ({exc.message}); refused"
             ) from None
         name = uri.rsplit("/", 1)[-1]
-        if not STEP_NAME.fullmatch(name) or named != storage.join(self.prefix, name):
+        if not STEP_NAME.fullmatch(name) or uri != storage.join(self.prefix, name):
             raise CheckpointError(
                 f"{where}: names {named!r}, not a step-<8 digits>.pt checkpoint directly in {self.prefix}; refused"
             )
@@ -81,7 +86,8 @@ class Checkpoints:
         torch.save({"fingerprint": self.fingerprint, **payload}, buffer)
         uri = storage.join(self.prefix, f"step-{step:08d}.pt")
         storage.write_bytes(uri, buffer.getvalue())
-        pointer = {"uri": uri, "step": step, "fingerprint": self.fingerprint, "init": init_record}
+        key = catalog.store_key(self.store, uri)
+        pointer = {"key": key, "step": step, "fingerprint": self.fingerprint, "init": init_record}
         storage.write_bytes(storage.join(self.prefix, LATEST), json.dumps(pointer).encode())
         older = sorted(u for u in storage.list_uris(self.prefix) if u.endswith(".pt") and u != uri)
         for stale in older[:-1]:  # keep this checkpoint and the one before it
