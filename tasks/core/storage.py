@@ -797,7 +797,8 @@ def read_parquet(uri: str, columns: list[str] | None = None, sha256: str | None 
     ``columns`` asks for; no table is returned from bytes that fail the check.
     """
     if sha256 is None:
-        return _parse_parquet(uri, read_bytes(uri), columns)
+        local = isinstance(_backend(uri), _Local)
+        return _parse_parquet(uri, _read_local_hashing(uri, None) if local else read_bytes(uri), columns)
     return _read_parquet_verified(uri, columns, sha256)
 
 
