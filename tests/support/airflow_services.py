@@ -25,6 +25,10 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+# How often a REST call answered 503 "Database is locked" (SQLite under concurrent writers) is retried.
+SQLITE_LOCK_RETRIES = 5
+
+
 class AirflowServices:
     def __init__(self, home: Path, extra_env: dict) -> None:
         self.home, self.port = home, free_port()
@@ -95,17 +99,24 @@ class AirflowServices:
                 process.wait()
 
     def request(self, method: str, path: str, body: dict | None = None, auth: bool = True) -> dict:
+        """One REST call. Airflow answers 503 "Database is locked" while another of its processes writes the
+        SQLite metadata database (a limit of SQLite, not of the call): that answer is retried, a few times."""
         headers = {"Content-Type": "application/json"}
         if auth:
             headers["Authorization"] = f"Bearer {self.token}"
         data = json.dumps(body).encode() if body is not None else None
-        request = urllib.request.Request(f"{self.url}{path}", data=data, headers=headers, method=method)
-        try:
-            with urllib.request.urlopen(request, timeout=30) as response:
-                text = response.read()
-        except urllib.error.HTTPError as exc:
-            raise RuntimeError(f"{method} {path}: {exc.code} {exc.read()[:500]!r}") from None
-        return json.loads(text) if text else {}
+        for attempt in range(SQLITE_LOCK_RETRIES + 1):
+            request = urllib.request.Request(f"{self.url}{path}", data=data, headers=headers, method=method)
+            try:
+                with urllib.request.urlopen(request, timeout=30) as response:
+                    text = response.read()
+                return json.loads(text) if text else {}
+            except urllib.error.HTTPError as exc:
+                detail = exc.read()[:500]
+                if exc.code != 503 or b"Database is locked" not in detail or attempt == SQLITE_LOCK_RETRIES:
+                    raise RuntimeError(f"{method} {path}: {exc.code} {detail!r}") from None
+            time.sleep(1.0 + attempt)
+        raise AssertionError("unreachable")
 
     def wait_for_dag(self, dag_id: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
