@@ -38,7 +38,7 @@ from typing import Any, Self, cast
 
 import jsonschema
 
-from tasks.core import catalog, storage
+from tasks.core import catalog, storage, uris
 from tasks.core.catalog import Stage
 
 MANIFEST_VERSION = 2
@@ -58,7 +58,6 @@ KEY_PACKAGES = (
 )
 # Whole words only: "aws_secret_access_key" and "session_token" are secrets, "max_tokens" is not.
 _SECRET_KEY = re.compile(r"(^|_)(secret|password|passwd|token|credentials?|access_key|api_key)(_id)?$", re.IGNORECASE)
-_URI_USERINFO = re.compile(r"^([a-z][a-z0-9+.-]*://)[^/@]*@", re.IGNORECASE)
 _MAX_MESSAGE = 300  # a schema error quotes the offending value: keep a huge one from flooding the log
 
 
@@ -196,7 +195,7 @@ def redact(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [redact(v) for v in value]
     if isinstance(value, str):
-        return _URI_USERINFO.sub(r"\1", value)
+        return uris.redact(value)
     return value
 
 

@@ -75,8 +75,8 @@ __all__ = [
 _MIB = 1024 * 1024
 _PARALLEL_VERIFY_BYTES = 16 * _MIB
 _CHUNK = _MIB
-_TMP_PREFIX = ".tmp-"
-_LOCK_PREFIX = ".lock-"
+TMP_PREFIX = ".tmp-"
+LOCK_PREFIX = ".lock-"
 
 
 class ObjectNotFound(StorageError):
@@ -120,8 +120,9 @@ def _local_path(uri: str) -> str:
     return to_uri(uri)[len("file://") :]
 
 
-def _hidden(name: str) -> bool:
-    return name.startswith((_TMP_PREFIX, _LOCK_PREFIX))
+def hidden(uri_or_name: str) -> bool:
+    """Whether an object is one of storage's own temp or lock files (hidden from :func:`list_uris`)."""
+    return uri_or_name.rsplit("/", 1)[-1].startswith((TMP_PREFIX, LOCK_PREFIX))
 
 
 def _chunks(data: Data | BinaryIO, size: int) -> Iterator[bytes]:
@@ -159,7 +160,7 @@ class _Local:
         path = _local_path(uri)
         folder, name = os.path.split(path)
         os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f"{_TMP_PREFIX}{name}-{secrets.token_hex(6)}")
+        tmp = os.path.join(folder, f"{TMP_PREFIX}{name}-{secrets.token_hex(6)}")
         digest, size = hashlib.sha256(), 0
         try:
             with open(tmp, "xb") as fh:
@@ -224,7 +225,7 @@ class _Local:
                 return info
             folder, name = os.path.split(_local_path(uri))
             os.makedirs(folder, exist_ok=True)
-            with open(os.path.join(folder, f"{_LOCK_PREFIX}{name}"), "a+b") as lock:
+            with open(os.path.join(folder, f"{LOCK_PREFIX}{name}"), "a+b") as lock:
                 fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
                 try:
                     current = self.head(uri).etag
@@ -260,7 +261,7 @@ class _Local:
         root = _local_path(prefix)
         found = []
         for folder, _dirs, files in os.walk(root):
-            found += ["file://" + os.path.join(folder, f) for f in files if not _hidden(f)]
+            found += ["file://" + os.path.join(folder, f) for f in files if not hidden(f)]
         return sorted(found)
 
     def delete(self, uri: str) -> None:

@@ -37,7 +37,6 @@ from tasks.core import catalog, manifest, storage
 from tasks.core.catalog import Pointer, Stage
 from tasks.stages.params import GCParams
 
-TMP_PREFIX, LOCK_PREFIX = ".tmp-", ".lock-"  # storage's hidden names: temp files and lock files
 CHECKPOINT_POINTER = "latest.json"  # a distill run's checkpoint pointer (tasks.stages.distill.checkpoints)
 
 
@@ -100,7 +99,7 @@ def _key(store: str) -> Callable[[storage.ListedObject], str]:
 
 def _expired(listed: storage.ListedObject, marks: dict[str, datetime], key: Callable, cutoff: datetime) -> bool:
     """Unreferenced since before the cutoff (hidden temp and lock files: last written before it)."""
-    return listed.modified < cutoff if _hidden(listed.uri) else marks[key(listed)] <= cutoff
+    return listed.modified < cutoff if storage.hidden(listed.uri) else marks[key(listed)] <= cutoff
 
 
 def _marks_left(marks: dict[str, datetime], doomed: list[storage.ListedObject], params: GCParams) -> dict[str, str]:
@@ -115,7 +114,7 @@ def live_set(store: str, listed: list[storage.ListedObject]) -> set[str]:
     manifests_root = storage.join(store, "manifests") + "/"
     live: set[str] = set()
     for uri in uris:
-        if uri.startswith(manifests_root) and not _hidden(uri):
+        if uri.startswith(manifests_root) and not storage.hidden(uri):
             live.add(uri)
             if uri.endswith(".json"):
                 live |= referenced(store, uri)
@@ -158,11 +157,7 @@ def live_checkpoints(store: str, uris: set[str]) -> set[str]:
     return {uri for uri in uris if uri.startswith(tuple(folders))} if folders else set()
 
 
-def _hidden(uri: str) -> bool:
-    return uri.rsplit("/", 1)[-1].startswith((TMP_PREFIX, LOCK_PREFIX))
-
-
 def _lock_target(uri: str) -> str | None:
     """The object whose lock file ``uri`` is, or None when ``uri`` is no lock file."""
     folder, _, name = uri.rpartition("/")
-    return f"{folder}/{name.removeprefix(LOCK_PREFIX)}" if name.startswith(LOCK_PREFIX) else None
+    return f"{folder}/{name.removeprefix(storage.LOCK_PREFIX)}" if name.startswith(storage.LOCK_PREFIX) else None
