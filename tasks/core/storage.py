@@ -51,6 +51,7 @@ from botocore.exceptions import (
 from tasks.core.uris import StorageError, join, to_uri
 
 __all__ = [
+    "HashingReader",
     "IntegrityError",
     "ObjectInfo",
     "ObjectNotFound",
@@ -62,11 +63,13 @@ __all__ = [
     "head",
     "join",
     "list_uris",
+    "open_read",
     "put_if_absent",
     "read_bytes",
     "read_parquet",
     "reset_s3_clients",
     "s3_client",
+    "sha256_of",
     "to_uri",
     "write_bytes",
     "write_parquet",
@@ -577,6 +580,107 @@ def _take(body: Any, parts: list[bytes], on_chunk: Callable[[bytes], object] | N
         if on_chunk is not None:
             on_chunk(chunk)
         parts.append(chunk)
+
+
+# ---------------------------------------------------------------------------------- streamed reads
+
+
+class _S3Body(io.RawIOBase):
+    """An S3 object read front to back. When the connection drops in the middle of the body, the read resumes
+    where it broke off: a ranged GET of the same version (If-Match its ETag), up to ``HPD_S3_MAX_ATTEMPTS``
+    times; a version replaced in between is a StorageError, never a splice of two versions."""
+
+    def __init__(self, uri: str) -> None:
+        super().__init__()
+        self._uri = uri
+        self._bucket, self._key = _split_s3(uri)
+        self._position, self._failures = 0, 0
+        self._etag: str | None = None
+        self._body: Any = None
+        self._get()
+
+    def readable(self) -> bool:
+        return True
+
+    def _get(self) -> None:
+        resume = {"IfMatch": self._etag, "Range": f"bytes={self._position}-"} if self._etag else {}
+        try:
+            resp = s3_client().get_object(Bucket=self._bucket, Key=self._key, **resume)
+        except ClientError as exc:
+            if resume and _error_code(exc) in ("PreconditionFailed", "412"):
+                raise StorageError(self._uri, "the object was replaced while it was being read") from exc
+            raise _BACKENDS["s3"]._fail(self._uri, exc) from exc
+        except BotoCoreError as exc:
+            raise _BACKENDS["s3"]._fail(self._uri, exc) from exc
+        self._etag, self._body = resp["ETag"], resp["Body"]
+
+    def readinto(self, buffer: Any) -> int:
+        while True:
+            try:
+                data = self._body.read(len(buffer))
+            except _BODY_ERRORS as exc:
+                self._failures += 1
+                if self._failures >= _attempts():
+                    raise _BACKENDS["s3"]._fail(self._uri, exc) from exc
+                _pause(self._failures)
+                self._get()
+                continue
+            buffer[: len(data)] = data
+            self._position += len(data)
+            return len(data)
+
+    def close(self) -> None:
+        if self._body is not None:
+            self._body.close()
+        super().close()
+
+
+class HashingReader(io.RawIOBase):
+    """Passes a binary stream through, hashing (sha256) and counting its bytes in the order they are read."""
+
+    def __init__(self, inner: BinaryIO) -> None:
+        super().__init__()
+        self._inner = inner
+        self._digest = hashlib.sha256()
+        self.bytes_read = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        count = self._inner.readinto(buffer)  # type: ignore[attr-defined]
+        if count:
+            self._digest.update(memoryview(buffer)[:count])
+            self.bytes_read += count
+        return count or 0
+
+    def drain(self) -> None:
+        """Read (and hash) the rest of the stream."""
+        while self.read(_CHUNK):
+            pass
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+
+def open_read(uri: str) -> BinaryIO:
+    """The object as a buffered binary stream, read front to back without a whole copy in memory; the caller
+    closes it. Local files are seekable; S3 bodies are not, and resume after a dropped connection."""
+    backend = _backend(uri)
+    if isinstance(backend, _Local):
+        try:
+            return open(_local_path(uri), "rb")  # noqa: SIM115 - the caller owns the stream
+        except OSError as exc:
+            raise backend._fail(uri, exc) from exc
+    return io.BufferedReader(_S3Body(uri), _CHUNK)
+
+
+def sha256_of(uri: str) -> str:
+    """The object's sha256, streamed through in chunks (memory does not follow its size)."""
+    with open_read(uri) as stream:
+        hashing = HashingReader(stream)
+        hashing.drain()
+    return hashing.hexdigest()
 
 
 # --------------------------------------------------------------------------------- verified reads

@@ -35,7 +35,7 @@ class StageCorpusParams(StageParams):
     max_input_bytes: int = Field(
         2 * 1024**3, gt=0, description="refuse a source file larger than this, as stored or once decompressed"
     )
-    max_line_chars: int = Field(1_000_000, gt=0, description="refuse a source holding a longer record than this")
+    max_line_chars: int = Field(1_000_000, gt=0, description="refuse a source holding a longer line (or Parquet value) than this")
 
 
 class AugmentParams(StageParams):

@@ -182,6 +182,22 @@ def test_every_read_survives_a_connection_reset_mid_body(
         assert storage.read_json_versioned(f"{root}/doc.json")[0] == {"a": list(range(500))}
 
 
+def test_a_streamed_read_resumes_where_a_reset_broke_it(
+    proxy: FaultProxy, root: str, objects: dict[str, bytes]
+) -> None:
+    for name, data in objects.items():
+        storage.write_bytes(f"{root}/{name}", data)
+    for name, data in objects.items():
+        with injected(proxy, RESET, 2) as plan:  # the first GET and the ranged one resuming it both break off
+            plan.reset_get(1, f"/{name}$", fraction=0.3)
+            plan.reset_get(1, f"/{name}$", fraction=0.5)
+            with storage.open_read(f"{root}/{name}") as stream:
+                assert b"".join(iter(lambda s=stream: s.read(100_000), b"")) == data
+        with injected(proxy, RESET, 1) as plan:
+            plan.reset_get(1, f"/{name}$", fraction=0.6)
+            assert storage.sha256_of(f"{root}/{name}") == sha(data)
+
+
 def test_read_retries_are_bounded(proxy: FaultProxy, root: str, monkeypatch: pytest.MonkeyPatch) -> None:
     data = os.urandom(200_000)
     storage.write_bytes(f"{root}/obj", data)

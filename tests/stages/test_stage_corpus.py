@@ -1,6 +1,8 @@
 import gzip
+import hashlib
 import json
 import re
+import tracemalloc
 from datetime import date
 
 import pyarrow as pa
@@ -12,6 +14,7 @@ from tasks.core import catalog, config, manifest, storage
 from tasks.core.catalog import Stage
 from tasks.core.sentences import normalise, sentence_id
 from tasks.core.sentences import shards as partition_shards
+from tasks.stages import stage_corpus
 from tasks.stages.stage_corpus import CorpusInputError, StageCorpusParams, run
 from tests.support.paths import CORPUS
 
@@ -227,3 +230,49 @@ def test_a_corrupt_manifest_fails_the_rerun_and_force_replaces_it(store, tmp_pat
     assert all(storage.exists(s) for s in shards)
     assert cli.main(argv) == 0
     assert json.loads(capsys.readouterr().out)["skipped"] is True
+
+
+def test_a_source_is_streamed_not_read_whole(tmp_path):
+    """On a local store: an in-process S3 server's own allocations would blur the measure."""
+    store = storage.to_uri(str(tmp_path / "store"))
+    source = tmp_path / "big.txt"
+    with source.open("w") as fh:
+        fh.writelines(f"sentence number {i} of a large source file\n" for i in range(800_000))  # ~35 MB
+    (tmp_path / "small.txt").write_text("a first run imports what staging needs\n")
+    run(_params(store, tmp_path / "small.txt", ingest_date=DAY2))
+    tracemalloc.start()
+    try:
+        result = run(_params(store, source, limit=1000))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert result.stats["rows_read"] == 1000
+    assert result.manifest.inputs[0].sha256 == hashlib.sha256(source.read_bytes()).hexdigest()
+    assert peak < source.stat().st_size / 4, (
+        f"peak {peak} bytes of Python memory for a {source.stat().st_size} B source"
+    )
+
+
+def test_a_source_changed_after_its_fingerprint_is_refused(store, tmp_path, monkeypatch):
+    source = tmp_path / "s.txt"
+    source.write_text("one sentence\nanother sentence\n")
+    fingerprint = stage_corpus._fingerprint
+
+    def fingerprint_then_edit(uri, max_bytes):
+        taken = fingerprint(uri, max_bytes)
+        source.write_text("one sentence\nan edited sentence\n")  # a writer still busy with the file
+        return taken
+
+    monkeypatch.setattr(stage_corpus, "_fingerprint", fingerprint_then_edit)
+    with pytest.raises(CorpusInputError, match=r"s\.txt: changed while it was being read"):
+        run(_params(store, source))
+    assert partition_shards(store, DAY1) == []
+
+
+@pytest.mark.parametrize("name", ["long.txt", "long.txt.gz", "long.csv"])
+def test_an_over_long_line_is_counted_without_holding_it(store, tmp_path, name):
+    body = "text\nshort line\n" + "é" * 25_000 + "\nafter\n"  # 25k characters, 50k bytes, past the read buffer
+    data = body.encode()
+    (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    with pytest.raises(CorpusInputError, match=r"line 3 holds 25000 characters, more than max_line_chars=1000"):
+        run(_params(store, tmp_path / name, column="text", max_line_chars=1000))

@@ -174,7 +174,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _relay(self, resp: http.client.HTTPResponse, target: str) -> None:
         length = resp.getheader("Content-Length")
         rule = None
-        if self.command == "GET" and resp.status == 200 and length and int(length) >= 2:
+        if self.command == "GET" and resp.status in (200, 206) and length and int(length) >= 2:  # 206: a ranged GET
             rule = self.server.proxy.plan.claim(self.command, target, False, (RESET,))
         self.send_response_only(resp.status, resp.reason)
         for name, value in resp.getheaders():
