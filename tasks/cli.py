@@ -2,15 +2,18 @@
 
 Options are generated from each stage's parameter model (:mod:`tasks.stages.params`), so the CLI,
 the DAGs and the tests validate the same way; building the parser imports no stage, so ``--help``
-is fast. Prints the run's summary as JSON; exits 2 on bad parameters and 1 on bad input or storage
-errors, with a message naming the input.
+is fast. Prints the run's summary as JSON on stdout and logs the run (``tasks.*`` at INFO) on stderr, with
+a progress bar instead of the periodic progress lines when stderr is a terminal; exits 2 on bad parameters
+and 1 on bad input or storage errors, with a message naming the input.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import logging
 import sys
 import time
 import types
@@ -40,6 +43,7 @@ HELP = {
     Stage.GC: "delete store objects no manifest, pointer or live checkpoint references, once past the retention",
 }
 MAX_HITS = 1000
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DEMO_DEFAULTS = {
     "airflow_home": "var/airflow",
     "rows": 2000,
@@ -68,7 +72,7 @@ def _choices(annotation: object) -> list[Any] | None:
 
 
 def _help(field: FieldInfo) -> str:
-    text = field.description or ""
+    text = (field.description or "").replace("%", "%%")  # argparse formats help with %
     if field.is_required() or "(default:" in text:
         return text
     default = "$HPD_STORE, else ./var/store" if field.default_factory else field.default
@@ -104,7 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
         stage_parser = sub.add_parser(command_name(stage), help=HELP[stage], description=HELP[stage])
         _add_model_options(stage_parser, model)
         stage_parser.add_argument("--force", action="store_true", help="rerun even if a matching manifest exists")
-        stage_parser.add_argument("--quiet", action="store_true", help="no progress bars")
+        stage_parser.add_argument(
+            "--quiet",
+            action="store_true",
+            help="no progress bars, even on a terminal (progress is logged at intervals)",
+        )
     search = sub.add_parser(
         "search",
         help="nearest corpus sentences from the current index",
@@ -208,8 +216,10 @@ def _run_stage(stage: Stage, args: dict) -> int:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 2
     module = importlib.import_module(f"tasks.stages.{stage}")
+    bars = not quiet and sys.stderr.isatty()
     try:
-        result = module.run(params, force=force, progress=not quiet)
+        with _bars_and_logs() if bars else contextlib.nullcontext():
+            result = module.run(params, force=force, progress=bars)
     except (ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
@@ -223,7 +233,23 @@ def _run_stage(stage: Stage, args: dict) -> int:
     return 0
 
 
+def configure_logging() -> None:
+    """Log lines on stderr: ``tasks.*`` at INFO, other libraries' warnings; a no-op where logging is set up."""
+    if logging.getLogger().handlers:
+        return
+    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
+    logging.getLogger("tasks").setLevel(logging.INFO)
+
+
+def _bars_and_logs() -> contextlib.AbstractContextManager[None]:
+    """Log lines printed above the progress bars rather than through them."""
+    from tqdm.contrib.logging import logging_redirect_tqdm
+
+    return logging_redirect_tqdm()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    configure_logging()
     args = vars(build_parser().parse_args(argv))
     command = args.pop("command")
     try:

@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 import time
@@ -32,6 +33,23 @@ def test_stage_corpus_runs_then_skips(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["skipped"] is True
     assert cli.main([*argv, "--force"]) == 0
     assert json.loads(capsys.readouterr().out)["skipped"] is False
+
+
+def test_a_stage_logs_on_stderr_and_prints_only_its_summary_on_stdout(tmp_path):
+    source = tmp_path / "raw.txt"
+    source.write_text("one\ntwo\n")
+    hpd = Path(sys.executable).parent / "hpd"
+    argv = [hpd, "stage-corpus", "--source", source, "--ingest-date", "2026-11-30", "--store", tmp_path / "store"]
+    done = subprocess.run(argv, capture_output=True, text=True, check=True)
+    summary = json.loads(done.stdout)
+    assert summary["skipped"] is False
+    run = "INFO tasks.core.manifest: stage_corpus ingest_date=2026-11-30: "
+    assert re.search(
+        rf"^\d{{4}}-\d\d-\d\d [\d:,]+ {run}started run \w+ in file://{tmp_path}/store; ", done.stderr, re.M
+    )
+    assert f"{run}running: no manifest at {summary['manifest']}\n" in done.stderr
+    assert f"{run}published 1 object(s), 2 rows, " in done.stderr
+    assert "\r" not in done.stderr  # no progress bar where stderr is no terminal
 
 
 def test_bad_parameters_exit_2_naming_each(tmp_path, capsys):

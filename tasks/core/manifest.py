@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -40,6 +41,7 @@ import jsonschema
 
 from tasks.core import catalog, storage, uris
 from tasks.core.catalog import Stage
+from tasks.core.progress import format_bytes, format_duration
 
 MANIFEST_VERSION = 2
 STORE_PARAM = "store"  # the root a store lives at: recorded nowhere, in no fingerprint
@@ -59,6 +61,9 @@ KEY_PACKAGES = (
 # Whole words only: "aws_secret_access_key" and "session_token" are secrets, "max_tokens" is not.
 _SECRET_KEY = re.compile(r"(^|_)(secret|password|passwd|token|credentials?|access_key|api_key)(_id)?$", re.IGNORECASE)
 _MAX_MESSAGE = 300  # a schema error quotes the offending value: keep a huge one from flooding the log
+_LISTED = 5  # inputs and outputs a run logs one by one at INFO; the rest at DEBUG
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -237,7 +242,8 @@ def validate(manifest: Any, uri: str | None = None) -> None:
     if error is None:
         return
     where = "/".join(str(p) for p in error.absolute_path) or "(root)"
-    message = error.message if len(error.message) <= _MAX_MESSAGE else error.message[:_MAX_MESSAGE] + "..."
+    text = uris.redact(error.message)  # it quotes the offending value, which may be a URI with credentials
+    message = text if len(text) <= _MAX_MESSAGE else text[:_MAX_MESSAGE] + "..."
     if uri is None:
         raise ManifestError(f"manifest invalid at {where}: {message}")
     raise ManifestError(f"{uri}: not a manifest (invalid at {where}: {message})")
@@ -265,12 +271,33 @@ def parse(uri: str, body: bytes, store: str) -> Manifest:
     return Manifest.from_dict(document, uri, store)
 
 
-def _intact(output: Output) -> bool:
-    """Whether ``output`` is still published with its recorded size (a stat, or one HEAD on S3; no reading)."""
+def _damage(output: Output) -> str | None:
+    """What is wrong with ``output`` as published (missing, or another size than recorded), None when
+    nothing is: a stat, or one HEAD on S3; no reading."""
     try:
-        return storage.size(output.uri) == output.bytes
+        size = storage.size(output.uri)
     except storage.ObjectNotFound:
-        return False
+        return "is missing"
+    return None if size == output.bytes else f"has {size} bytes, the manifest records {output.bytes}"
+
+
+def _described(item: Input | Output) -> str:
+    """``uri (rows, bytes)``, credentials removed."""
+    facts = ([] if item.rows is None else [f"{item.rows:,} rows"]) + (
+        [] if item.bytes is None else [format_bytes(item.bytes)]
+    )
+    return uris.redact(item.uri) + (f" ({', '.join(facts)})" if facts else "")
+
+
+def _totals(items: Sequence[Input | Output]) -> str:
+    """``3 objects, 1,200 rows, 4.5 MiB`` (rows and bytes as far as known)."""
+    rows = [i.rows for i in items if i.rows is not None]
+    sizes = [i.bytes for i in items if i.bytes is not None]
+    return (
+        f"{len(items)} object(s)"
+        + (f", {sum(rows):,} rows" if rows else "")
+        + (f", {format_bytes(sum(sizes))}" if sizes else "")
+    )
 
 
 @cache
@@ -327,6 +354,9 @@ class StageRun:
     _previous_error: ManifestError | None = None
     _looked_up: bool = False
 
+    def __post_init__(self) -> None:
+        _log_start(self)
+
     @property
     def uri(self) -> str:
         return catalog.manifest_uri(self.store, self.stage, self.key)
@@ -369,24 +399,26 @@ class StageRun:
     def completed(self) -> Manifest | None:
         """The published manifest if the work is already done: it has this run's fingerprint and every
         output it lists is still published with its recorded size."""
-        previous = self.previous()
-        if previous is None or previous.fingerprint != self.fingerprint:
-            return None
-        return previous if all(_intact(o) for o in previous.outputs) else None
+        return _verdict(self)[0]
 
     def skip_result(self, force: bool) -> StageResult | None:
-        """The result of skipping this run (its work is done), or None when it must run. A forced run
-        reads no manifest here, so it recovers from a corrupt one."""
-        done = None if force else self.completed()
+        """The result of skipping this run (its work is done), or None when it must run; the decision and
+        its reason are logged. A forced run reads no manifest here, so it recovers from a corrupt one."""
+        done, reason = (None, "forced, the published manifest is not read") if force else _verdict(self)
+        _note(self, logging.INFO, "%s: %s", "running" if done is None else "skipped", reason)
         return None if done is None else StageResult.of(done, self.uri, skipped=True)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        start = time.perf_counter()
+        """Time a part of the run (the timings of one name add up) and log how long it took."""
+        start, outcome = time.perf_counter(), "failed after"
         try:
             yield
+            outcome = "took"
         finally:
-            self.timings_s[name] = round(self.timings_s.get(name, 0.0) + time.perf_counter() - start, 4)
+            took = time.perf_counter() - start
+            self.timings_s[name] = round(self.timings_s.get(name, 0.0) + took, 4)
+            _note(self, logging.INFO, "phase %s %s %s", name, outcome, format_duration(took))
 
     def add_output(self, uri: str, body: bytes, rows: int | None = None) -> None:
         """Record a published object that is not a dataset shard."""
@@ -448,8 +480,69 @@ class StageRun:
                     f"{self.uri}: a concurrent {self.stage} run published a manifest for "
                     f"different inputs or params; rerun to reconcile"
                 ) from None
+            _note(self, logging.WARNING, "a concurrent run published the same work first; its manifest stands")
             return StageResult.of(winner, self.uri, skipped=False)
+        _log_published(self)
         return StageResult.of(Manifest.from_dict(document, self.uri, self.store), self.uri, skipped=False)
+
+
+def _note(run: StageRun, level: int, message: str, *args: object) -> None:
+    """Log ``message`` under the run's stage and key."""
+    log.log(level, "%s %s: " + message, run.stage, run.key, *args)
+
+
+def _list(run: StageRun, kind: str, items: Sequence[Input | Output]) -> None:
+    """Log each of ``items``: the first few at INFO, the rest at DEBUG."""
+    for position, item in enumerate(items):
+        _note(run, logging.INFO if position < _LISTED else logging.DEBUG, "%s %s", kind, _described(item))
+    if len(items) > _LISTED:
+        _note(run, logging.INFO, "... and %d more %ss (listed at DEBUG)", len(items) - _LISTED, kind)
+
+
+def _log_start(run: StageRun) -> None:
+    """The run's store, inputs and params, credentials removed."""
+    _note(
+        run, logging.INFO, "started run %s in %s; inputs: %s", run.run_id, uris.redact(run.store), _totals(run.inputs)
+    )
+    _list(run, "input", run.inputs)
+    shown = redact(recorded_params(run.params))
+    _note(run, logging.INFO, "params %s", ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in shown.items()))
+
+
+def _log_published(run: StageRun) -> None:
+    _list(run, "output", run.outputs)
+    _note(
+        run,
+        logging.INFO,
+        "published %s, then the manifest %s; %s in all",
+        _totals(run.outputs),
+        uris.redact(run.uri),
+        format_duration(run.timings_s["total"]),
+    )
+
+
+def _verdict(run: StageRun) -> tuple[Manifest | None, str]:
+    """The published manifest when the run's work is done (else None), and why."""
+    previous = run.previous()
+    if previous is None:
+        return None, f"no manifest at {uris.redact(run.uri)}"
+    if previous.fingerprint != run.fingerprint:
+        return None, f"the published manifest has another fingerprint ({_changes(run, previous)})"
+    for output in previous.outputs:
+        if damage := _damage(output):
+            return None, f"output {uris.redact(output.uri)} {damage}"
+    return previous, f"{uris.redact(run.uri)} matches, and its {len(previous.outputs)} output(s) are intact"
+
+
+def _changes(run: StageRun, previous: Manifest) -> str:
+    """What differs from the ``previous`` run: the names of changed params, the inputs new and gone."""
+    ours = json.loads(json.dumps(redact(recorded_params(run.params)), default=str))
+    names = sorted(n for n in ours.keys() | previous.params.keys() if ours.get(n) != previous.params.get(n))
+    now, before = ({(uris.redact(i.uri), i.sha256) for i in inputs} for inputs in (run.inputs, previous.inputs))
+    changes = [f"params changed: {', '.join(names)}"] if names else []
+    if now != before:
+        changes.append(f"inputs: {len(now - before)} new or changed, {len(before - now)} replaced or gone")
+    return "; ".join(changes) or "same params and inputs"
 
 
 def read(store: str, stage: Stage, key: str) -> Manifest | None:

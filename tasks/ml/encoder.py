@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -19,7 +19,6 @@ from typing import Literal
 import numpy as np
 import torch
 from safetensors.torch import load_file
-from tqdm import tqdm
 from transformers import AutoModel, AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
@@ -28,6 +27,7 @@ from tasks.ml import models
 log = logging.getLogger(__name__)
 
 Dtype = Literal["fp32", "bf16", "fp16"]
+OnRows = Callable[[int], object]  # told the row count of each batch encoded
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _ACTIVATIONS = {"torch.nn.modules.activation.Tanh": torch.tanh, "torch.nn.modules.linear.Identity": lambda x: x}
 
@@ -212,16 +212,16 @@ class SentenceEncoder(torch.nn.Module):
         return self.dense.linear.out_features if self.dense else self.transformer.config.hidden_size
 
     def encode(
-        self, texts: list[str], batch_size: int = 64, dtype: Dtype = "fp32", progress: bool = False
+        self, texts: list[str], batch_size: int = 64, dtype: Dtype = "fp32", on_rows: OnRows | None = None
     ) -> np.ndarray:
-        """Embeddings of ``texts`` (float32, input order)."""
+        """Embeddings of ``texts`` (float32, input order); ``on_rows(n)`` is told of each batch of n done
+        (e.g. :meth:`tasks.core.progress.Progress.update`)."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        bar = tqdm(total=len(texts), unit=" sent", disable=not progress, desc=f"encode {self.model_id}")
         with torch.inference_mode():
             for positions, batch in self._batches(texts, batch_size):
                 out[positions] = self.forward(batch, dtype).cpu().numpy()
-                bar.update(len(positions))
-        bar.close()
+                if on_rows is not None:
+                    on_rows(len(positions))
         return out
 
     def forward(self, batch: dict[str, torch.Tensor], dtype: Dtype = "fp32") -> torch.Tensor:

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import random
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from tqdm import tqdm
-
 from tasks.core import catalog, manifest, sentences, storage
 from tasks.core.catalog import Stage
+from tasks.core.progress import Progress
 from tasks.stages.params import AugmentParams
+
+log = logging.getLogger(__name__)
 
 # Function words WordNet would otherwise "replace" ("a" -> "angstrom", "in" -> "inch").
 STOPWORDS = frozenset(
@@ -176,6 +178,8 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
         rows, counts = _deduplicated(params.store, generated, augmenters)
     table = sentences.table(rows, params.ingest_date)
     stage_run.stats = {"rows_written": table.num_rows, "by_method": {m: dict(c) for m, c in counts.items()}}
+    for method, count in counts.items():
+        log.info("augment %s: %s %s", key, method, ", ".join(f"{n} {reason}" for reason, n in count.items()))
     return sentences.publish_partition(stage_run, params.ingest_date, table, params.shard_rows)
 
 
@@ -185,16 +189,20 @@ def _generate(
     """(augmenter, parent row, normalised variant, parent shard) for every selected parent. Each staged
     shard is read verified against the checksum the staging manifest records."""
     generated = []
-    for shard in tqdm(shards, disable=not progress, desc=f"augment {augmenter.method}", unit=" shard"):
-        shard_uri = shard.uri
-        columns = ["sentence_id", "text", "line"]
-        parents = storage.read_parquet(shard_uri, columns=columns, sha256=shard.sha256).to_pylist()
-        parents = [p for p in parents if selected(params.seed, augmenter.method, p["sentence_id"], params.fraction)]
-        variants = augmenter.apply([(p["sentence_id"], p["text"]) for p in parents])
-        generated.extend(
-            (augmenter, parent, sentences.normalise(variant), shard_uri)
-            for parent, variant in zip(parents, variants, strict=True)
-        )
+    total = sum(shard.rows or 0 for shard in shards)
+    with Progress(f"augment {augmenter.method}", total, bar=progress, logger=log) as reporter:
+        for shard in shards:
+            shard_uri = shard.uri
+            columns = ["sentence_id", "text", "line"]
+            parents = storage.read_parquet(shard_uri, columns=columns, sha256=shard.sha256).to_pylist()
+            read = len(parents)
+            parents = [p for p in parents if selected(params.seed, augmenter.method, p["sentence_id"], params.fraction)]
+            variants = augmenter.apply([(p["sentence_id"], p["text"]) for p in parents])
+            generated.extend(
+                (augmenter, parent, sentences.normalise(variant), shard_uri)
+                for parent, variant in zip(parents, variants, strict=True)
+            )
+            reporter.update(read)
     return generated
 
 

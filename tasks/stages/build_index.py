@@ -15,6 +15,7 @@ naming a missing or partial index: one wins, the other fails with :class:`Promot
 
 from __future__ import annotations
 
+import logging
 import tempfile
 import time
 from dataclasses import dataclass
@@ -23,15 +24,17 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from tqdm import tqdm
 
-from tasks.core import catalog, datasets, manifest, sentences, storage
+from tasks.core import catalog, datasets, manifest, sentences, storage, uris
 from tasks.core.catalog import Dataset, Pointer, Stage
+from tasks.core.progress import Progress, format_bytes, format_duration
 from tasks.ml import student
 from tasks.stages.params import BuildIndexParams
 
 QUERY_SAMPLE = 200
 INDEX_FILE = "index.faiss"
+
+log = logging.getLogger(__name__)
 
 
 class IndexBuildError(ValueError):
@@ -159,30 +162,40 @@ def _encode_corpus(
         rows = sum(i.rows or 0 for i in stage_run.inputs[1:])
         index_type = choose_type(params.index_type, rows)
         factory = factory_string(index_type, rows, encoder.dim, params)
-        for shard_uri, table in tqdm(corpus, desc=f"index {stage_run.key} encode", unit=" shard", disable=not progress):
-            vectors = encoder.encode(table.column("text").to_pylist(), batch_size=params.batch_size, dtype=params.dtype)
-            embeddings = pa.table(
-                {
-                    "sentence_id": table.column("sentence_id"),
-                    "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1]),
-                }
-            )
-            stage_run.add_shard(
-                datasets.write_shard(
-                    storage.join(prefix, Dataset.STUDENT_EMBEDDINGS),
-                    catalog.derived_stem(shard_uri),
-                    embeddings,
-                    Dataset.STUDENT_EMBEDDINGS,
-                    dim=vectors.shape[1],
-                    model_id=params.model_run,
+        log.info("build_index %s: a %s index (%s) over %d vectors", stage_run.key, index_type, factory, rows)
+        with Progress(f"build_index {stage_run.key} encode", rows, bar=progress, logger=log) as reporter:
+            for shard_uri, table in corpus:
+                shard_texts = table.column("text").to_pylist()
+                vectors = encoder.encode(
+                    shard_texts, batch_size=params.batch_size, dtype=params.dtype, on_rows=reporter.update
                 )
-            )
-            ids.extend(table.column("sentence_id").to_pylist())
-            texts.extend(table.column("text").to_pylist())
-            blocks.append(vectors)
+                stage_run.add_shard(_write_embeddings(prefix, shard_uri, table, vectors, params.model_run))
+                ids.extend(table.column("sentence_id").to_pylist())
+                texts.extend(shard_texts)
+                blocks.append(vectors)
     vectors = np.ascontiguousarray(np.concatenate(blocks), dtype=np.float32)
     faiss.normalize_L2(vectors)
     return EncodedCorpus(ids, texts, vectors, index_type, factory)
+
+
+def _write_embeddings(
+    prefix: str, shard_uri: str, table: pa.Table, vectors: np.ndarray, model_run: str
+) -> datasets.Shard:
+    """Publish the student embeddings of one corpus shard."""
+    embeddings = pa.table(
+        {
+            "sentence_id": table.column("sentence_id"),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1]),
+        }
+    )
+    return datasets.write_shard(
+        storage.join(prefix, Dataset.STUDENT_EMBEDDINGS),
+        catalog.derived_stem(shard_uri),
+        embeddings,
+        Dataset.STUDENT_EMBEDDINGS,
+        dim=vectors.shape[1],
+        model_id=model_run,
+    )
 
 
 def _write_index(stage_run: manifest.StageRun, prefix: str, corpus: EncodedCorpus, nprobe: int) -> dict[str, Any]:
@@ -197,6 +210,16 @@ def _write_index(stage_run: manifest.StageRun, prefix: str, corpus: EncodedCorpu
         stats = measure(index, corpus.vectors)
     body = faiss.serialize_index(index).tobytes()
     stage_run.write_output(storage.join(prefix, INDEX_FILE), body, rows=len(corpus.vectors))
+    log.info(
+        "build_index %s: built %s over %d vectors of dim %d in %s, %s; %s",
+        stage_run.key,
+        corpus.factory,
+        len(corpus.vectors),
+        corpus.vectors.shape[1],
+        format_duration(build_seconds),
+        format_bytes(len(body)),
+        ", ".join(f"{name} {value}" for name, value in stats.items()),
+    )
     return {
         "index_type": corpus.index_type,
         "factory": corpus.factory,
@@ -266,6 +289,8 @@ def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> 
             f"{catalog.pointer_uri(store, Pointer.INDEX)}: moved by another rebuild since this "
             f"one started; {index_uri} is published but not promoted"
         ) from None
+    where = catalog.pointer_uri(store, Pointer.INDEX)
+    log.info("build_index %s: promoted; %s names %s", published.key, uris.redact(where), uris.redact(index_uri))
     return pointer
 
 
@@ -280,9 +305,14 @@ def search(store: str, query: str, k: int = 5) -> list[dict]:
     if pointer is None:
         raise IndexBuildError(f"{where}: no index promoted yet; run build-index")
     for uri in (pointer.index, pointer.ids):
+        if catalog.store_key(store, uri) is None:  # a hand-made pointer may hold an absolute URI: not followed out
+            raise IndexBuildError(f"{where} names {uris.redact(uri)}, outside the store {store}; refused")
         if not storage.exists(uri):
             raise IndexBuildError(f"{where} names {uri}, which does not exist")
-    index = faiss.deserialize_index(np.frombuffer(storage.read_bytes(pointer.index), dtype=np.uint8))
+    try:
+        index = faiss.deserialize_index(np.frombuffer(storage.read_bytes(pointer.index), dtype=np.uint8))
+    except RuntimeError as exc:  # faiss's reader refuses what is not an index it wrote
+        raise IndexBuildError(f"{pointer.index}: not a FAISS index ({str(exc).strip()[-200:]})") from None
     ids = storage.read_parquet(pointer.ids)
     with tempfile.TemporaryDirectory() as scratch:
         encoder = SentenceEncoder.load(str(student.fetch_exported(store, pointer.model_run, Path(scratch))))

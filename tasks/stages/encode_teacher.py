@@ -11,15 +11,18 @@ nothing is published for it.
 
 from __future__ import annotations
 
+import logging
 from datetime import date
 
 import numpy as np
 import pyarrow as pa
-from tqdm import tqdm
 
 from tasks.core import catalog, datasets, manifest, sentences, storage
 from tasks.core.catalog import Dataset, Stage
+from tasks.core.progress import Progress, format_duration
 from tasks.stages.params import EncodeTeacherParams
+
+log = logging.getLogger(__name__)
 
 
 class EncodeError(ValueError):
@@ -45,15 +48,20 @@ def output_shards(store: str, teacher: str, ingest_date: date) -> list[str]:
 def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Encode every (selected) sentences shard of the partition that is not done yet."""
     shards = _selected_shards(params)
+    partition = catalog.teacher_partition(params.teacher, params.ingest_date)
     encoder = None
     results = []
-    for shard in tqdm(shards, desc=f"encode_teacher {params.ingest_date}", unit=" shard", disable=not progress):
-        stage_run = _shard_run(params, shard)
-        result = stage_run.skip_result(force)
-        if result is None:
-            encoder = encoder or _load_encoder(params)
-            result = _encode_shard(params, encoder, stage_run, shard)
-        results.append(result)
+    rows = sum(shard.rows or 0 for shard in shards)
+    with Progress(f"encode_teacher {partition}", rows, bar=progress, logger=log) as reporter:
+        for shard in shards:
+            stage_run = _shard_run(params, shard)
+            result = stage_run.skip_result(force)
+            if result is None:
+                encoder = encoder or _load_encoder(params)
+                result = _encode_shard(params, encoder, stage_run, shard, reporter)
+            else:
+                reporter.skip(shard.rows or 0)
+            results.append(result)
     encoded_now = sum(not r.skipped for r in results)
     outputs = tuple(o for r in results for o in r.outputs)
     stats = {
@@ -62,9 +70,8 @@ def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False
         "skipped": len(results) - encoded_now,
         "rows": sum(o.rows or 0 for o in outputs),
     }
-    prefix = catalog.manifests_prefix(
-        params.store, Stage.ENCODE_TEACHER, catalog.teacher_partition(params.teacher, params.ingest_date)
-    )
+    log.info("encode_teacher %s: %d shard(s) encoded, %d skipped", partition, encoded_now, stats["skipped"])
+    prefix = catalog.manifests_prefix(params.store, Stage.ENCODE_TEACHER, partition)
     return manifest.StageResult(prefix, skipped=encoded_now == 0, stats=stats, outputs=outputs)
 
 
@@ -100,11 +107,22 @@ def _load_encoder(params: EncodeTeacherParams):
     if params.threads:
         torch.set_num_threads(params.threads)
     device = params.device if params.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    return SentenceEncoder.load(params.teacher, device=device, max_seq_length=params.max_seq_length)
+    encoder = SentenceEncoder.load(params.teacher, device=device, max_seq_length=params.max_seq_length)
+    log.info(
+        "encode_teacher: teacher %s on %s (%d threads): dim %d, max_seq_length %d, dtype %s, batch %d",
+        params.teacher,
+        device,
+        torch.get_num_threads(),
+        encoder.dim,
+        encoder.max_seq_length,
+        params.dtype,
+        params.batch_size,
+    )
+    return encoder
 
 
 def _encode_shard(
-    params: EncodeTeacherParams, encoder, stage_run: manifest.StageRun, shard: manifest.Output
+    params: EncodeTeacherParams, encoder, stage_run: manifest.StageRun, shard: manifest.Output, reporter: Progress
 ) -> manifest.StageResult:
     """Read the shard, verified against the checksum its writer recorded (:class:`storage.IntegrityError`
     before anything is encoded or written), encode it, publish its embeddings, then its manifest."""
@@ -112,7 +130,9 @@ def _encode_shard(
     with stage_run.phase("read"):
         staged = storage.read_parquet(shard_uri, columns=["sentence_id", "text"], sha256=shard.sha256)
     with stage_run.phase("encode"):
-        embeddings = encoder.encode(staged.column("text").to_pylist(), batch_size=params.batch_size, dtype=params.dtype)
+        embeddings = encoder.encode(
+            staged.column("text").to_pylist(), batch_size=params.batch_size, dtype=params.dtype, on_rows=reporter.update
+        )
     bad = ~np.isfinite(embeddings).all(axis=1)
     if bad.any():
         first = staged.column("sentence_id")[int(np.flatnonzero(bad)[0])].as_py()
@@ -137,8 +157,13 @@ def _encode_shard(
             value_type=params.output_dtype,
         )
     stage_run.add_shard(written)
-    stage_run.stats = {
-        "rows": written.rows,
-        "sentences_per_s": round(written.rows / max(stage_run.timings_s["encode"], 1e-9), 2),
-    }
+    seconds = stage_run.timings_s["encode"]
+    stage_run.stats = {"rows": written.rows, "sentences_per_s": round(written.rows / max(seconds, 1e-9), 2)}
+    log.info(
+        "encode_teacher %s: %d rows encoded in %s, %.1f rows/s",
+        stage_run.key,
+        written.rows,
+        format_duration(seconds),
+        stage_run.stats["sentences_per_s"],
+    )
     return stage_run.publish()

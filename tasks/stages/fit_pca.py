@@ -22,20 +22,23 @@ shard's lineage (teacher shard + PCA artifact) is a manifest entry.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from datetime import date
 
 import numpy as np
 import pyarrow as pa
-from tqdm import tqdm
 
 from tasks.core import catalog, datasets, manifest, sentences, storage
 from tasks.core.catalog import Dataset, Stage
+from tasks.core.progress import Progress
 from tasks.ml.projection import ARTIFACT, MomentAccumulator, PCAError, Projection
 from tasks.stages import encode_teacher
 from tasks.stages.params import FitPCAParams
 
 CHUNK_ROWS = 8192
+
+log = logging.getLogger(__name__)
 
 
 def teacher_shards(store: str, teacher: str, partitions: list[date] | None) -> list[manifest.Output]:
@@ -71,6 +74,7 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
         return skipped
     total_rows = sum(s.rows or 0 for s in shards)
     fraction = min(1.0, params.max_rows / total_rows) if params.max_rows else 1.0
+    log.info("fit_pca %s: %d rows available, sample fraction %.4g", stage_run.key, total_rows, fraction)
     with stage_run.phase("accumulate"):
         accumulator = accumulate(shards, fraction, params.seed, progress)
     with stage_run.phase("eigendecomposition"):
@@ -86,6 +90,7 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
         "explained_variance_ratio_sum": float(projection.explained_variance_ratio.sum()),
         "explained_variance_ratio": projection.explained_variance_ratio.round(6).tolist(),
     }
+    _log_fit(stage_run.key, summary)
     with stage_run.phase("write_artifact"):
         # A folder per fingerprint: a rerun never overwrites what the published manifest lists.
         prefix = catalog.pca_prefix(params.store, params.teacher, params.name, stage_run.fingerprint)
@@ -95,8 +100,10 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
         with stage_run.phase("write_targets"):
             targets_prefix = catalog.targets_prefix(params.store, params.teacher, params.name)
             model_id = f"{params.teacher}+pca-{params.name}"
-            for shard in tqdm(shards, desc="fit_pca targets", unit=" shard", disable=not progress):
-                stage_run.add_shard(_write_targets(shard, projection, targets_prefix, model_id))
+            with Progress(f"fit_pca {stage_run.key} targets", total_rows, bar=progress, logger=log) as reporter:
+                for shard in shards:
+                    stage_run.add_shard(_write_targets(shard, projection, targets_prefix, model_id))
+                    reporter.update(shard.rows or 0)
     stage_run.stats = {key: summary[key] for key in ("rows_fitted", "rows_available", "explained_variance_ratio_sum")}
     return stage_run.publish()
 
@@ -108,14 +115,35 @@ def accumulate(
     as its manifest record is read verified against the recorded sha256; a bare URI (a shard no manifest
     lists, as in the benchmark) is read as it is."""
     accumulator = None
-    for shard in tqdm(shards, desc="fit_pca accumulate", unit=" shard", disable=not progress):
-        uri, sha256 = (shard, None) if isinstance(shard, str) else (shard.uri, shard.sha256)
-        for ids, chunk in _chunks(uri, sha256):
-            accumulator = accumulator or MomentAccumulator(chunk.shape[1])
-            accumulator.add(chunk[sentences.hashed_below(ids, fraction, str(seed))])
+    rows = [None if isinstance(shard, str) else shard.rows for shard in shards]
+    total = None if None in rows else sum(rows)
+    with Progress("fit_pca accumulate", total, bar=progress, logger=log) as reporter:
+        for shard in shards:
+            uri, sha256 = (shard, None) if isinstance(shard, str) else (shard.uri, shard.sha256)
+            for ids, chunk in _chunks(uri, sha256):
+                accumulator = accumulator or MomentAccumulator(chunk.shape[1])
+                accumulator.add(chunk[sentences.hashed_below(ids, fraction, str(seed))])
+                reporter.update(len(ids))
     if accumulator is None:
         raise PCAError(f"no teacher embedding rows in {len(shards)} shard(s)")
     return accumulator
+
+
+def _log_fit(key: str, summary: dict) -> None:
+    ratios = summary["explained_variance_ratio"]
+    log.info(
+        "fit_pca %s: fitted k=%d (%s) on %d of %d rows, dim %d: explained variance ratio %.4f in all, "
+        "first component %.4f, last %.4f",
+        key,
+        summary["k"],
+        summary["mode"],
+        summary["rows_fitted"],
+        summary["rows_available"],
+        summary["dim"],
+        summary["explained_variance_ratio_sum"],
+        ratios[0],
+        ratios[-1],
+    )
 
 
 def target_shards(store: str, teacher: str, name: str) -> list[str]:

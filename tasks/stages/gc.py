@@ -29,15 +29,19 @@ and store-relative keys (with ``dry_run``: what would have been deleted), and th
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 
 from tasks.core import catalog, manifest, storage
 from tasks.core.catalog import Pointer, Stage
+from tasks.core.progress import format_bytes
 from tasks.stages.params import GCParams
 
 CHECKPOINT_POINTER = "latest.json"  # a distill run's checkpoint pointer (tasks.stages.distill.checkpoints)
+
+log = logging.getLogger(__name__)
 
 
 def now() -> datetime:
@@ -65,10 +69,21 @@ def run(params: GCParams, force: bool = False, progress: bool = False) -> manife
     seen_before, key = previous_marks(params.store), _key(params.store)
     marks = {key(o): seen_before.get(key(o), started) for o in unreferenced}
     doomed = [o for o in unreferenced if _expired(o, marks, key, cutoff)]
+    log.info(
+        "gc: %d objects listed, %d live, %d unreferenced: %d kept until past the retention, %d (%s) to delete%s",
+        len(listed),
+        len(listed) - len(unreferenced),
+        len(unreferenced),
+        len(unreferenced) - len(doomed),
+        len(doomed),
+        format_bytes(sum(o.size for o in doomed)),
+        " (dry run: nothing is deleted)" if params.dry_run else "",
+    )
     if not params.dry_run:
         with stage_run.phase("delete"):
             for listed_object in doomed:
                 storage.delete(listed_object.uri)
+                log.debug("gc: deleted %s", key(listed_object))
     stage_run.stats = {
         "dry_run": params.dry_run,
         "cutoff": cutoff.isoformat(timespec="milliseconds"),

@@ -11,6 +11,7 @@ writer's manifest records, and publishes its results only when all pass.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from functools import cache
 from importlib import resources
@@ -20,11 +21,13 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.core import catalog, datasets, manifest, sentences, storage
+from tasks.core import catalog, datasets, manifest, sentences, storage, uris
 from tasks.core.catalog import Dataset, Stage
 from tasks.stages.params import QualityParams
 
 SAMPLE_ROWS = 5
+
+log = logging.getLogger(__name__)
 
 
 class QualityError(ValueError):
@@ -106,6 +109,7 @@ def check(suite: str, table: pa.Table, uri: str, **settings) -> dict:
                 }
             )
     failed = [o for o in outcomes if not o["success"]]
+    _log_outcomes(suite, uri, len(frame), outcomes)
     if failed:
         lines = [f"{uri}: {len(failed)} of {len(outcomes)} expectations of suite {suite!r} failed:"]
         for o in failed:
@@ -115,6 +119,21 @@ def check(suite: str, table: pa.Table, uri: str, **settings) -> dict:
             )
         raise QualityError("\n".join(lines))
     return {"uri": uri, "suite": suite, "rows": len(frame), "expectations": outcomes}
+
+
+def _log_outcomes(suite: str, uri: str, rows: int, outcomes: list[dict]) -> None:
+    """How many expectations of ``suite`` passed on the shard, naming those that failed."""
+    failed = [o for o in outcomes if not o["success"]]
+    log.log(
+        logging.WARNING if failed else logging.INFO,
+        "quality: suite %s on %s (%d rows): %d of %d expectations passed%s",
+        suite,
+        uris.redact(uri),
+        rows,
+        len(outcomes) - len(failed),
+        len(outcomes),
+        "".join(f"; failed {o['expectation']} ({o['unexpected_count']} bad rows)" for o in failed),
+    )
 
 
 @cache
@@ -146,6 +165,7 @@ def run(params: QualityParams, force: bool = False, progress: bool = False) -> m
             if suite == "embeddings" and settings["dim"] is None:
                 settings = {**settings, "dim": table.schema.field("embedding").type.list_size}
             results.append(check(suite, table, output.uri, **settings))
+    log.info("quality %s: all %d checks passed", stage_run.key, len(results))
     body = json.dumps({"partition": stage_run.key, "checks": results}, indent=2, default=str).encode()
     stage_run.write_output(catalog.quality_results_uri(params.store, params.ingest_date, stage_run.fingerprint), body)
     stage_run.stats = {"checks": len(results), "rows": sum(r["rows"] for r in results), "passed": True}

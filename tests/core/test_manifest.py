@@ -1,4 +1,5 @@
 import json
+import logging
 import re
 
 import pytest
@@ -348,3 +349,102 @@ def test_the_schema_holds_lineage_to_keys(store, change, where):
     manifest.validate(document)
     with pytest.raises(manifest.ManifestError, match=f"manifest invalid at {where}:"):
         manifest.validate(change(document))
+
+
+# -- logging ------------------------------------------------------------------------------------------------
+PREFIX = "demo_stage ingest_date=2026-11-30: "
+
+
+@pytest.fixture
+def logs(caplog):
+    """``caplog`` capturing what ``tasks.*`` logs at DEBUG and up."""
+    caplog.set_level(logging.DEBUG, logger="tasks")
+    return caplog
+
+
+def _messages(logs) -> list[str]:
+    return [r.getMessage() for r in logs.records if r.name.startswith("tasks.")]
+
+
+def test_a_run_logs_its_inputs_params_phases_and_outputs(store, logs):
+    run = _run(store, params={"k": 1, "mode": "centered", "store": store})
+    with run.phase("work"):
+        run.write_output(f"{store}/out/a.bin", b"abc", rows=1)
+    run.publish()
+    lines = _messages(logs)
+    assert lines[:3] == [
+        f"{PREFIX}started run {run.run_id} in {store}; inputs: 1 object(s), 3 rows",
+        f"{PREFIX}input file:///in.txt (3 rows)",
+        f'{PREFIX}params k=1, mode="centered"',  # the store root is no param of the run
+    ]
+    assert re.fullmatch(re.escape(f"{PREFIX}phase work took ") + r"\d+\.\ds", lines[3])
+    assert lines[4] == f"{PREFIX}output {store}/out/a.bin (1 rows, 3 B)"
+    published = f"{PREFIX}published 1 object(s), 1 rows, 3 B, then the manifest {run.uri}; "
+    assert lines[5].startswith(published) and lines[5].endswith(" in all") and len(lines) == 6
+
+
+def test_many_inputs_are_named_at_debug_beyond_the_first_few(store, logs):
+    inputs = [manifest.Input(f"file:///in/{n}.txt", "a" * 64, 10, 2048) for n in range(8)]
+    manifest.StageRun(stage="demo_stage", key="ingest_date=2026-11-30", store=store, params={}, inputs=inputs)
+    info = [r.getMessage() for r in logs.records if r.levelno == logging.INFO]
+    assert info[0].endswith("inputs: 8 object(s), 80 rows, 16.0 KiB")
+    assert info[1:7] == [f"{PREFIX}input file:///in/{n}.txt (10 rows, 2.0 KiB)" for n in range(5)] + [
+        f"{PREFIX}... and 3 more inputs (listed at DEBUG)"
+    ]
+    assert f"{PREFIX}input file:///in/7.txt (10 rows, 2.0 KiB)" in _messages(logs)
+
+
+def test_each_skip_decision_logs_its_reason(store, logs):
+    def decision(run, force=False):
+        logs.clear()  # the run's start lines
+        run.skip_result(force)
+        return _messages(logs)
+
+    run = _run(store)
+    assert decision(run) == [f"{PREFIX}running: no manifest at {run.uri}"]
+    run.write_output(f"{store}/out/a.bin", b"abc")
+    run.publish()
+    assert decision(_run(store)) == [f"{PREFIX}skipped: {run.uri} matches, and its 1 output(s) are intact"]
+    assert decision(_run(store), force=True) == [f"{PREFIX}running: forced, the published manifest is not read"]
+    changed = "running: the published manifest has another fingerprint"
+    assert decision(_run(store, params={"k": 2})) == [f"{PREFIX}{changed} (params changed: k)"]
+    assert decision(_run(store, sha="c" * 64)) == [f"{PREFIX}{changed} (inputs: 1 new or changed, 1 replaced or gone)"]
+    storage.write_bytes(f"{store}/out/a.bin", b"ab")
+    assert decision(_run(store)) == [f"{PREFIX}running: output {store}/out/a.bin has 2 bytes, the manifest records 3"]
+    storage.delete(f"{store}/out/a.bin")
+    assert decision(_run(store)) == [f"{PREFIX}running: output {store}/out/a.bin is missing"]
+
+
+def test_a_failed_phase_logs_how_long_it_ran(store, logs):
+    run = _run(store)
+    with pytest.raises(RuntimeError), run.phase("work"):
+        raise RuntimeError("interrupted")
+    assert re.fullmatch(re.escape(f"{PREFIX}phase work failed after ") + r"\d+\.\ds", _messages(logs)[-1])
+    assert "work" in run.timings_s
+
+
+def test_no_credential_reaches_a_log_line(store_root, logs):
+    """Credentials in a source URI, a param or the store URI itself are never logged (nor in the refusal)."""
+    secret_uri = "s3://AKIAUSER:hunter2@bucket/raw/in.txt"
+
+    def run(params, store=store_root):
+        secrets = {"source": secret_uri, "aws_secret_access_key": "hunter2", "nested": {"password": "hunter2"}}
+        inputs = [manifest.Input(secret_uri, "a" * 64, 3, 10)]
+        return manifest.StageRun(stage="demo_stage", key=KEY, store=store, params={**params, **secrets}, inputs=inputs)
+
+    first = run({"k": 1})
+    first.skip_result(force=False)
+    with first.phase("work"):
+        first.write_output(f"{store_root}/out/a.bin", b"abc")
+    first.publish()
+    run({"k": 1}).skip_result(force=False)
+    run({"k": 2}).skip_result(force=False)
+    with pytest.raises(storage.StorageError) as refused:
+        run({"k": 1}, store="s3://AKIAUSER:hunter2@bucket/root").skip_result(force=False)
+    text = "\n".join([*_messages(logs), str(refused.value)])
+    assert "hunter2" not in text and "AKIAUSER" not in text
+    assert f"{PREFIX}input s3://bucket/raw/in.txt (3 rows, 10 B)" in text
+    assert any(
+        line.startswith(f"{PREFIX}started run") and " in s3://bucket/root; " in line for line in text.split("\n")
+    )
+    assert f"{PREFIX}skipped: " in text and "(params changed: k)" in text

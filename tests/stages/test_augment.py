@@ -1,4 +1,5 @@
 import json
+import logging
 from datetime import date
 
 import pyarrow as pa
@@ -88,10 +89,16 @@ def test_token_operations_keep_the_parents_words(store, originals):
             assert len(words) < len(parent_words) and all(w in parent_words for w in words)
 
 
-def test_variants_equal_to_an_original_are_dropped(store):
+def test_variants_equal_to_an_original_are_dropped(store, caplog):
+    caplog.set_level(logging.INFO, logger="tasks")
     result = _run(store, methods=["swap"])
     assert {"alpha beta", "beta alpha"}.isdisjoint(r["text"] for r in _rows(store))
-    assert result.stats["by_method"]["swap"]["dropped_equals_original"] == 2
+    counts = result.stats["by_method"]["swap"]
+    assert counts["dropped_equals_original"] == 2
+    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.stages.augment"]
+    assert lines[0].startswith("augment swap: finished 6/6 rows (100.0%) in ")
+    assert lines[1] == f"augment ingest_date=2026-11-01: swap {', '.join(f'{n} {why}' for why, n in counts.items())}"
+    assert "6 generated" in lines[1] and "4 written" in lines[1] and "2 dropped_equals_original" in lines[1]
 
 
 def test_deterministic_for_a_seed(tmp_path):

@@ -1,3 +1,4 @@
+import logging
 import threading
 from datetime import date
 
@@ -6,6 +7,7 @@ import pytest
 from tasks import cli
 from tasks.core import catalog, config, contracts, manifest, storage
 from tasks.core.catalog import IndexPointer, ModelPointer, Pointer, Stage
+from tasks.core.progress import format_bytes
 from tasks.stages import build_index
 from tests.support.projected_store import distill_tiny, projected_store
 
@@ -28,9 +30,19 @@ def _build(store, **extra):
     return build_index.run(config.parse(build_index.BuildIndexParams, {"store": store, "model_run": "tiny", **extra}))
 
 
-def test_flat_index_is_exact_promoted_and_searchable(store, capsys):
+def test_flat_index_is_exact_promoted_and_searchable(store, capsys, caplog):
+    caplog.set_level(logging.INFO, logger="tasks")
     result = _build(store, index_type="flat", name="flat")
     stats = result.stats
+    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.stages.build_index"]
+    assert lines[0] == "build_index flat: a flat index (Flat) over 300 vectors"
+    assert lines[1].startswith("build_index flat encode: finished 300/300 rows (100.0%) in ")
+    assert lines[2].startswith("build_index flat: built Flat over 300 vectors of dim 8 in ")
+    assert f", {format_bytes(stats['bytes'])}; queries_per_s_batch1 " in lines[2] and lines[2].endswith(
+        "recall_at_10 1.0"
+    )
+    index = result.manifest.output_named(build_index.INDEX_FILE).uri
+    assert lines[3] == f"build_index flat: promoted; {catalog.pointer_uri(store, Pointer.INDEX)} names {index}"
     assert stats["rows"] == 300 and stats["dim"] == 8 and stats["recall_at_10"] == 1.0
     assert stats["queries_per_s_batch1"] > 0 and stats["bytes"] >= 300 * 8 * 4
     pointer, _ = catalog.read_pointer(store, Pointer.INDEX)  # store-relative keys, resolved against the store
@@ -156,7 +168,9 @@ def test_an_index_of_another_dimension_is_refused(store, tmp_path):
     wrong = faiss.IndexFlatIP(5)
     wrong.add(np.eye(5, dtype=np.float32))
     storage.write_bytes(f"{other}/indexes/wrong/index.faiss", faiss.serialize_index(wrong).tobytes())
-    catalog.move_pointer(other, _index_pointer(f"{other}/indexes/wrong/index.faiss", ids), None)
+    other_ids = other + ids.removeprefix(store)  # search reads nothing outside the store it serves
+    storage.write_bytes(other_ids, storage.read_bytes(ids))
+    catalog.move_pointer(other, _index_pointer(f"{other}/indexes/wrong/index.faiss", other_ids), None)
     # the distill run 'tiny' copied into ``other``: its manifest names its exported model by store-relative
     # keys, so the model's files come along
     distill_manifest = f"{store}/manifests/distill/tiny.json"

@@ -1,5 +1,6 @@
 import io
 import json
+import logging
 import os
 import pickle
 import re
@@ -16,7 +17,7 @@ import pyarrow as pa
 import pytest
 from safetensors.numpy import load
 
-from tasks.core import config, storage
+from tasks.core import config, progress, storage
 from tasks.ml import student
 from tasks.ml.encoder import SentenceEncoder
 from tasks.stages import distill
@@ -145,6 +146,52 @@ def test_killed_run_resumes_to_the_same_weights(prepared):
     losses = [storage.read_bytes(_run_file(prepared["store"], n, "losses.jsonl")) for n in ("killed", "straight")]
     assert losses[0] == losses[1]
     assert straight.stats["steps"] == resumed.stats["steps"] == 12
+
+
+def _trainer_lines(caplog, logger="tasks.stages.distill.trainer"):
+    return [r.getMessage() for r in caplog.records if r.name == logger]
+
+
+def test_the_run_logs_loss_evaluations_epochs_and_checkpoints(prepared, caplog, monkeypatch):
+    monkeypatch.setenv(progress.EVERY_S_ENV, "0")  # a progress line every step
+    caplog.set_level(logging.INFO, logger="tasks")
+    result = distill.run(_params(prepared, init="random", epochs=2, checkpoint_every=4, name="logged"))
+    lines = _trainer_lines(caplog)
+    store = prepared["store"]
+    losses = [json.loads(line) for line in storage.read_bytes(_run_file(store, "logged", "losses.jsonl")).splitlines()]
+    step_lines = [line for line in lines if ", step=" in line and ": finished " not in line]
+    assert len(step_lines) == len(losses) == 26  # 2 epochs of 13 steps
+    rows = 2 * result.stats["train_rows"]
+    for line, recorded in zip(step_lines, losses, strict=True):
+        assert re.fullmatch(
+            rf"distill logged: [\d,]+/{rows} rows \([\d.]+%\), [\d.,]+ rows/s, ETA \S+, step=\d+/26, .*", line
+        )
+        assert f", step={recorded['step']}/26, loss={recorded['loss']:.4g}, lr=" in line
+    assert lines[-2].startswith(f"distill logged: finished {rows}/{rows} rows (100.0%) in ")
+    evaluations = json.loads(storage.read_bytes(_run_file(store, "logged", "metrics.json")))["evals"]
+    logged_evals = [line for line in lines if ": evaluation at step " in line]
+    assert [int(line.split(" step ")[1].split(":")[0]) for line in logged_evals] == [5, 10, 15, 20, 25, 26]
+    assert [e["step"] for e in evaluations[1:]] == [5, 10, 15, 20, 25, 26]
+    assert f"val_mse {evaluations[1]['val_mse']:.6g}, val_cosine {evaluations[1]['val_cosine']:.4f}" in logged_evals[0]
+    first_epoch = np.mean([item["loss"] for item in losses[:13]])
+    assert f"distill logged: epoch 1/2 ended at step 13, mean training loss {first_epoch:.6g}" in lines
+    exported = result.stats["exported"]
+    assert lines[-1] == (
+        f"distill logged: exporting the weights of step {exported['step']}: "
+        f"val_mse {exported['val_mse']:.6g}, val_cosine {exported['val_cosine']:.4f}"
+    )
+    checkpoints = _trainer_lines(caplog, "tasks.stages.distill.checkpoints")
+    assert [line.split(" written")[0] for line in checkpoints] == [f"checkpoint of step {s}" for s in range(4, 26, 4)]
+
+
+def test_a_progress_line_carries_the_mean_loss_since_the_previous_one(prepared, caplog, monkeypatch):
+    monkeypatch.setenv(progress.EVERY_S_ENV, "3600")  # no line before the final one
+    caplog.set_level(logging.INFO, logger="tasks")
+    distill.run(_params(prepared, init="random", max_steps=4, name="mean-loss"))
+    losses = storage.read_bytes(_run_file(prepared["store"], "mean-loss", "losses.jsonl")).splitlines()
+    mean = np.mean([json.loads(line)["loss"] for line in losses])
+    [final] = [line for line in _trainer_lines(caplog) if ", step=" in line]
+    assert final.startswith("distill mean-loss: finished ") and f", step=4/4, loss={mean:.4g}, lr=" in final
 
 
 def _free_port():

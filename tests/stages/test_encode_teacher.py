@@ -1,4 +1,5 @@
 import gzip
+import logging
 import os
 import signal
 import subprocess
@@ -60,10 +61,20 @@ def store(tmp_path):
     return storage.to_uri(str(tmp_path / "store"))
 
 
-def test_each_shard_becomes_one_embedding_shard_then_skips(store, tmp_path, tiny_model):
+def test_each_shard_becomes_one_embedding_shard_then_skips(store, tmp_path, tiny_model, caplog):
     _stage(store, tmp_path)
+    caplog.set_level(logging.INFO, logger="tasks")
     result = encode_teacher.run(_params(store, tiny_model))
     assert result.stats == {"shards": 4, "encoded": 4, "skipped": 0, "rows": 40}
+    partition = catalog.teacher_partition(str(tiny_model), DAY)
+    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.stages.encode_teacher"]
+    assert lines[0].startswith(f"encode_teacher: teacher {tiny_model} on cpu (") and ", batch 64" in lines[0]
+    per_shard = [line for line in lines if " rows encoded in " in line]
+    assert len(per_shard) == 4 and all(
+        line.endswith(" rows/s") and ": 10 rows encoded in " in line for line in per_shard
+    )
+    assert lines[-2].startswith(f"encode_teacher {partition}: finished 40/40 rows (100.0%) in ")
+    assert lines[-1] == f"encode_teacher {partition}: 4 shard(s) encoded, 0 skipped"
     outputs = encode_teacher.output_shards(store, str(tiny_model), DAY)
     assert len(outputs) == 4
     table = storage.read_parquet(outputs[0])
@@ -76,8 +87,12 @@ def test_each_shard_becomes_one_embedding_shard_then_skips(store, tmp_path, tiny
     for key in manifest.list_keys(store, Stage.ENCODE_TEACHER):
         manifest.validate(manifest.read(store, Stage.ENCODE_TEACHER, key).document)
 
+    caplog.clear()
     again = encode_teacher.run(_params(store, tiny_model))
     assert again.skipped and again.stats["skipped"] == 4
+    skips = [m for m in caplog.messages if ": skipped: " in m]
+    assert len(skips) == 4 and all(m.endswith("matches, and its 1 output(s) are intact") for m in skips)
+    assert caplog.messages[-1] == f"encode_teacher {partition}: 0 shard(s) encoded, 4 skipped"
     group = encode_teacher.run(_params(store, tiny_model, shards=[1, 2]), force=True)
     assert group.stats == {"shards": 2, "encoded": 2, "skipped": 0, "rows": 20}
 

@@ -1,3 +1,4 @@
+import logging
 from datetime import date
 
 import numpy as np
@@ -5,7 +6,7 @@ import pytest
 from safetensors.numpy import load
 from sklearn.decomposition import PCA
 
-from tasks.core import config, contracts, manifest, storage
+from tasks.core import catalog, config, contracts, manifest, storage
 from tasks.ml.projection import load_projection
 from tasks.stages import fit_pca
 from tests.support.synthetic import correlated_embeddings, publish_teacher_shards
@@ -94,3 +95,37 @@ def test_bad_requests_are_clear(store, embeddings):
     with pytest.raises(config.ConfigError, match="k"):
         _params(store, k=0)
     assert manifest.list_keys(store, "fit_pca") == []
+
+
+def test_the_run_logs_its_inputs_fit_progress_outputs_and_skip(store, embeddings, caplog):
+    caplog.set_level(logging.INFO, logger="tasks")
+    result = fit_pca.run(_params(store))
+    by_logger = {}
+    for record in caplog.records:
+        by_logger.setdefault(record.name, []).append(record.getMessage())
+    key = catalog.pca_key(TEACHER, "k6-uncentered")
+    run_lines = by_logger["tasks.core.manifest"]
+    assert run_lines[0].startswith(
+        f"fit_pca {key}: started run {result.manifest.run_id} in {store}; inputs: 5 object(s)"
+    )
+    assert ", 3,000 rows, " in run_lines[0] and f'fit_pca {key}: params teacher="{TEACHER}", ' in run_lines[6]
+    assert f"fit_pca {key}: running: no manifest at {result.manifest_uri}" in run_lines
+    assert [line.split(": phase ")[1].split(" took ")[0] for line in run_lines if ": phase " in line] == [
+        "accumulate",
+        "eigendecomposition",
+        "write_artifact",
+        "write_targets",
+    ]
+    assert f"fit_pca {key}: ... and 2 more outputs (listed at DEBUG)" in run_lines  # 2 artifacts + 5 target shards
+    assert run_lines[-1].startswith(f"fit_pca {key}: published 7 object(s), ")
+    stage_lines = by_logger["tasks.stages.fit_pca"]
+    explained = result.stats["explained_variance_ratio_sum"]
+    fitted = f"fit_pca {key}: fitted k=6 (uncentered) on 3000 of 3000 rows, dim 24: explained variance ratio "
+    assert f"{fitted}{explained:.4f} in all" in " ".join(stage_lines)
+    assert any(line.startswith("fit_pca accumulate: finished 3,000/3,000 rows (100.0%) in ") for line in stage_lines)
+    assert any(line.startswith(f"fit_pca {key} targets: finished 3,000/3,000 rows") for line in stage_lines)
+
+    caplog.clear()
+    assert fit_pca.run(_params(store)).skipped
+    skip = [r.getMessage() for r in caplog.records if ": skipped: " in r.getMessage()]
+    assert skip == [f"fit_pca {key}: skipped: {result.manifest_uri} matches, and its 7 output(s) are intact"]

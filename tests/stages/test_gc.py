@@ -7,6 +7,7 @@ write, backdated with os.utime on file:// (S3 object times cannot be, so there t
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from datetime import UTC, date, datetime, timedelta
@@ -177,7 +178,7 @@ def test_gc_refuses_to_delete_anything_when_a_manifest_does_not_read(tmp_path):
     assert storage.exists(orphan)
 
 
-def test_hpd_gc_from_the_cli(tmp_path, capsys, monkeypatch):
+def test_hpd_gc_from_the_cli(tmp_path, capsys, monkeypatch, caplog):
     store = storage.to_uri(str(tmp_path / "store"))
     orphan = storage.join(store, "sentences", "ingest_date=2026-11-01", "part-00000-deadbeef.parquet")
     storage.write_bytes(orphan, b"left behind")
@@ -186,8 +187,12 @@ def test_hpd_gc_from_the_cli(tmp_path, capsys, monkeypatch):
     assert json.loads(capsys.readouterr().out)["stats"]["deleted"] == 0
     _later(monkeypatch, hours=25)
 
+    caplog.set_level(logging.INFO, logger="tasks")
     assert cli.main([*argv, "--dry-run"]) == 0
     dry = json.loads(capsys.readouterr().out)
+    assert "1 unreferenced: 0 kept until past the retention, 1 (11 B) to delete (dry run: nothing is deleted)" in (
+        caplog.text
+    )
     assert dry["skipped"] is False and dry["stats"]["deleted_keys"] == [catalog.store_key(store, orphan)]
     assert storage.exists(orphan)
     assert cli.main(argv) == 0

@@ -1,3 +1,4 @@
+import logging
 import math
 from datetime import date
 
@@ -84,15 +85,19 @@ def test_duplicate_embedding_ids_and_collapsed_targets():
         quality.check("targets", table, "file:///t", min_variance=1e-8)
 
 
-def test_the_stage_checks_a_partition(store_root, tmp_path):
+def test_the_stage_checks_a_partition(store_root, tmp_path, caplog):
     source = tmp_path / "raw.txt"
     source.write_text("first sentence\nsecond sentence\n")
     stage_corpus.run(
         config.parse(stage_corpus.StageCorpusParams, {"store": store_root, "source": str(source), "ingest_date": DAY})
     )
     params = config.parse(quality.QualityParams, {"store": store_root, "ingest_date": DAY, "teacher": None})
+    caplog.set_level(logging.INFO, logger="tasks")
     result = quality.run(params)
     assert result.stats == {"checks": 1, "rows": 2, "passed": True}
+    [shard] = sentences.shards(store_root, DAY)
+    suite = len(quality.suite_spec("sentences")["expectations"])
+    assert f"quality: suite sentences on {shard} (2 rows): {suite} of {suite} expectations passed" in caplog.messages
     assert quality.run(params).skipped
 
 

@@ -1,4 +1,5 @@
 import json
+import logging
 from datetime import date
 
 import pytest
@@ -24,7 +25,8 @@ def _validate(store, **extra):
     return validate.run(config.parse(validate.ValidateParams, {"store": store, "retrieval_sample": 100, **extra}))
 
 
-def test_first_run_compares_with_the_baseline_and_promotes(store, tmp_path):
+def test_first_run_compares_with_the_baseline_and_promotes(store, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tasks")
     pairs = tmp_path / "pairs.csv"
     pairs.write_text(
         "sentence1,sentence2,score\nA cat sleeps.,A cat is sleeping.,5\nA cat sleeps.,Stocks fell.,0\n"
@@ -45,6 +47,15 @@ def test_first_run_compares_with_the_baseline_and_promotes(store, tmp_path):
     }
     current = json.loads(storage.read_bytes(catalog.pointer_uri(store, Pointer.MODEL)))
     assert current["model_run"] == "good" and current["scores"] == stats["sts"]["student"]
+    lines = [r.getMessage() for r in caplog.records if r.name.startswith("tasks.stages.validate")]
+    student = stats["sts"]["student"]
+    assert (
+        f"validate good: STS of student: STS-B test {student['STS-B test']:.2f}, "
+        f"SICK-R test {student['SICK-R test']:.2f}, pairs.csv {student['pairs.csv']:.2f}"
+    ) in lines
+    report = next(o.uri for o in result.outputs if o.uri.endswith("/report.html"))
+    assert f"validate good: report {report}" in lines and "gate passed: all checks passed" in lines
+    assert f"promoted good: {catalog.pointer_uri(store, Pointer.MODEL)} names it now" in lines
     assert _validate(store, model_run="good", pair_files=[str(pairs)], max_regression=100.0).skipped
 
 
@@ -59,13 +70,27 @@ def test_the_gate_refuses_and_the_pointer_stays(store):
     assert storage.read_bytes(catalog.pointer_uri(store, Pointer.MODEL)) == before
 
 
-def test_gate_rules_by_hand():
+def test_gate_rules_by_hand(caplog):
+    caplog.set_level(logging.INFO, logger="tasks")
     params = config.parse(validate.ValidateParams, {"model_run": "x", "min_sickr": 70, "max_regression": 1.0})
     reference = {"STS-B test": 80.0, "SICK-R test": 75.0}
     ok = validate.promotion.decide({"STS-B test": 79.5, "SICK-R test": 74.5}, reference, "baseline", params)
     assert ok["passed"]
+    assert caplog.messages == [
+        "gate STS-B test: 79.50, threshold 79.00 (the baseline's 80.00 less 1.00): pass",
+        "gate SICK-R test: 74.50, threshold 70.00 (minimum): pass",
+        "gate SICK-R test: 74.50, threshold 74.00 (the baseline's 75.00 less 1.00): pass",
+        "gate passed: all checks passed",
+    ]
+    caplog.clear()
     bad = validate.promotion.decide({"STS-B test": 78.9, "SICK-R test": 69.0}, reference, "baseline", params)
     assert not bad["passed"] and len(bad["reasons"]) == 3
+    assert caplog.messages[:3] == [
+        "gate STS-B test: 78.90, threshold 79.00 (the baseline's 80.00 less 1.00): FAIL",
+        "gate SICK-R test: 69.00, threshold 70.00 (minimum): FAIL",
+        "gate SICK-R test: 69.00, threshold 74.00 (the baseline's 75.00 less 1.00): FAIL",
+    ]
+    assert caplog.messages[3] == "gate failed: " + "; ".join(bad["reasons"])
 
 
 @pytest.mark.parametrize(

@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import re
 from typing import Any
 
 from tasks.core import catalog, storage, uris
+from tasks.core.progress import format_bytes
 
 LATEST = "latest.json"
 STEP_NAME = re.compile(r"step-\d{8}\.pt")
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save writes a zip archive
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -89,9 +93,11 @@ class Checkpoints:
         key = catalog.store_key(self.store, uri)
         pointer = {"key": key, "step": step, "fingerprint": self.fingerprint, "init": init_record}
         storage.write_bytes(storage.join(self.prefix, LATEST), json.dumps(pointer).encode())
+        log.info("checkpoint of step %d written: %s (%s)", step, uris.redact(uri), format_bytes(len(buffer.getvalue())))
         older = sorted(u for u in storage.list_uris(self.prefix) if u.endswith(".pt") and u != uri)
         for stale in older[:-1]:  # keep this checkpoint and the one before it
             storage.delete(stale)
+            log.debug("checkpoint %s deleted", uris.redact(stale))
         return uri
 
     def load(self, uri: str) -> dict[str, Any]:

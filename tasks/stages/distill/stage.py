@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 from tasks.core import manifest
 from tasks.core.catalog import Stage
 from tasks.stages.distill import export
@@ -13,6 +15,8 @@ from tasks.stages.params import DistillParams
 # Knobs that change how a run executes, not what it computes: outside the fingerprint, so changing
 # them resumes (or skips) instead of starting over; recorded in the manifest's stats.
 RUNTIME = {"threads", "checkpoint_every"}
+
+log = logging.getLogger(__name__)
 
 
 def run(params: DistillParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
@@ -42,6 +46,15 @@ def run(params: DistillParams, force: bool = False, progress: bool = False) -> m
     device = select_device(params.device, dist)
     with stage_run.phase("load_data"):
         data = TrainingData(pairs, params.seed, params.val_fraction, params.val_max_rows)
+    log.info(
+        "distill %s: %d training and %d validation rows (k=%d) from %d shard pair(s); student %s",
+        params.name,
+        data.train_rows,
+        len(data.val_texts),
+        data.dim,
+        len(pairs),
+        params.student,
+    )
     trainer = Trainer(params, data, device, dist, stage_run.fingerprint)
     with stage_run.phase("train"):
         init_record = trainer.restore_or_initialise(force)

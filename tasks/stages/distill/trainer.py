@@ -5,17 +5,22 @@ gradient accumulation; AMP on CUDA (bf16, or fp16 with a gradient scaler) and op
 on CPU; validation MSE every ``eval_every`` steps with early stopping and the best weights kept;
 a checkpoint every ``checkpoint_every`` steps. Under DDP the loss is the sum of squared errors over
 the global batch, so N processes compute the same gradient as one.
+
+The run logs its plan, progress (rows, rate, ETA, step, mean training loss since the previous line, lr),
+every evaluation, each epoch's end and the export; under DDP only the leader logs them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
+from tasks.core import uris
+from tasks.core.progress import Progress
 from tasks.ml import metrics, student
 from tasks.stages.distill.checkpoints import CheckpointError, Checkpoints
 from tasks.stages.distill.data import Batch, Position, TrainingData
@@ -23,6 +28,10 @@ from tasks.stages.distill.distributed import Distributed
 from tasks.stages.distill.optimization import Optimization
 from tasks.stages.distill.state import TrainState, restore_rng, rng_states, seed_everything
 from tasks.stages.params import DistillParams
+
+log = logging.getLogger(__name__)
+_FOLLOWER_LOG = logging.getLogger(f"{__name__}.follower")  # ranks other than 0: their warnings only
+_FOLLOWER_LOG.setLevel(logging.WARNING)
 
 
 class DistillError(ValueError):
@@ -48,13 +57,15 @@ class Trainer:
         self.init_record: dict = {}
         self.exported: dict | None = None
         self.checkpoints = Checkpoints(params.store, params.name, fingerprint)
+        self.log = log if dist.leader else _FOLLOWER_LOG
+        self.losses_unreported: list[float] = []  # training losses since the last progress line
 
     def restore_or_initialise(self, force: bool) -> dict:
         """Resume from the latest checkpoint of this run (same fingerprint), or initialise the head."""
         found = None if force else _latest_checkpoint(self.checkpoints)
         if found is not None:
             pointer, uri, payload = found
-            self._restore(uri, payload)
+            _restore(self, uri, payload)
             self.init_record = pointer.get("init", {})
             return {**self.init_record, "resumed_from_step": self.state.step}
         first = next(self.data.batches(Position(), min(self.params.init_rows, self.data.train_rows)))
@@ -63,32 +74,40 @@ class Trainer:
         )
         self.state.record_eval({"step": 0, **self.validate()}, None)  # training must beat the initial weights
         self.best_weights = self._weights()
+        _log_scores(self, f"head initialised ({self.params.init}) on {len(first.texts)} rows; at", self.state.evals[0])
         return self.init_record
 
     def train(self, progress: bool) -> None:
         """Train until the step budget is spent or early stopping; then keep the best weights."""
-        state = self.state
         self.ddp = self.dist.wrap(self.model)
         self.model.train()
-        bar = _progress_bar(self, progress and self.dist.leader)
-        while not self._finished():
-            epoch = state.position.epoch
-            for batch in self.data.batches(state.position, self.params.batch_size):
-                self._step(batch, bar)
-                if self._finished():
-                    break
-            if state.position.epoch == epoch and not self._finished():
-                state.position = Position(epoch + 1)  # the rest of the epoch held no training rows
-        bar.close()
+        _log_plan(self)
+        with _progress(self, progress) as reporter:
+            while not self._finished():
+                self._epoch(reporter)
         self.model.eval()
         if self.best_weights is not None:
             self.model.load_state_dict(self.best_weights)
-        self.exported = {"step": state.best_step, **self.validate()}
+        self.exported = {"step": self.state.best_step, **self.validate()}
+        _log_scores(self, "exporting the weights of", self.exported)
+
+    def _epoch(self, reporter: Progress) -> None:
+        """Train from the current position to the end of its epoch, or until finished."""
+        state = self.state
+        epoch, first_step = state.position.epoch, state.step
+        for batch in self.data.batches(state.position, self.params.batch_size):
+            self._step(batch, reporter)
+            if self._finished():
+                break
+        if state.position.epoch == epoch and not self._finished():
+            state.position = Position(epoch + 1)  # the rest of the epoch held no training rows
+        if state.position.epoch > epoch:
+            _log_epoch(self, epoch, first_step)
 
     def _finished(self) -> bool:
         return self.state.step >= self.total_steps or self.state.stopped_early
 
-    def _step(self, batch: Batch, bar: Any) -> None:
+    def _step(self, batch: Batch, reporter: Progress) -> None:
         """Train on one batch, then evaluate and checkpoint on schedule."""
         state = self.state
         loss = self.train_step(batch)
@@ -100,8 +119,7 @@ class Trainer:
         state.step += 1
         state.position = batch.next_position
         state.losses.append((state.step, loss))
-        bar.update(1)
-        bar.set_postfix(loss=f"{loss:.5f}")
+        _report(self, reporter, len(batch.texts), loss)
         last = state.step >= self.total_steps
         if state.step % self.params.eval_every == 0 or last:
             self._evaluate()
@@ -146,8 +164,10 @@ class Trainer:
         return _validation_scores(self.model, self.data)
 
     def _evaluate(self) -> None:
-        if self.state.record_eval({"step": self.state.step, **self.validate()}, self.params.patience):
+        result = {"step": self.state.step, **self.validate()}
+        if best := self.state.record_eval(result, self.params.patience):
             self.best_weights = self._weights()
+        _log_evaluation(self, result, best)
 
     def _weights(self) -> dict:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -167,18 +187,23 @@ class Trainer:
                 self.init_record,
             )
 
-    def _restore(self, uri: str, payload: dict) -> None:
-        try:  # the optimizer moves its own state to the model's device
-            self.model.load_state_dict(payload["model"])
-            self.optim.load_state_dict(payload)
-            self.best_weights = payload["best_weights"]
-            self.state = TrainState.from_dict(payload["state"])
-            restore_rng(payload["rng"][self.dist.rank])
-        except Exception as exc:  # a damaged payload fails in many ways (shapes, missing keys, types)
-            raise DistillError(
-                f"{uri}: corrupted or incompatible checkpoint ({type(exc).__name__}: {exc}); "
-                f"rerun with --force to start over"
-            ) from None
+
+def _restore(trainer: Trainer, uri: str, payload: dict) -> None:
+    """Load checkpoint ``uri``'s ``payload`` into ``trainer``."""
+    try:  # the optimizer moves its own state to the model's device
+        trainer.model.load_state_dict(payload["model"])
+        trainer.optim.load_state_dict(payload)
+        trainer.best_weights = payload["best_weights"]
+        trainer.state = TrainState.from_dict(payload["state"])
+        restore_rng(payload["rng"][trainer.dist.rank])
+    except Exception as exc:  # a damaged payload fails in many ways (shapes, missing keys, types)
+        raise DistillError(
+            f"{uri}: corrupted or incompatible checkpoint ({type(exc).__name__}: {exc}); "
+            f"rerun with --force to start over"
+        ) from None
+    trainer.log.info(
+        "distill %s: resumed from %s at step %d", trainer.params.name, uris.redact(uri), trainer.state.step
+    )
 
 
 def _latest_checkpoint(checkpoints: Checkpoints) -> tuple[dict, str, dict] | None:
@@ -195,9 +220,83 @@ def _build_student(params: DistillParams, dim: int, device: str) -> Any:
     )
 
 
-def _progress_bar(trainer: Trainer, shown: bool) -> Any:
-    name, state = trainer.params.name, trainer.state
-    return tqdm(total=trainer.total_steps, initial=state.step, unit=" step", desc=f"distill {name}", disable=not shown)
+def _progress(trainer: Trainer, bar: bool) -> Progress:
+    """The run's progress in training rows, from where it (re)starts."""
+    params = trainer.params
+    total = int(min(trainer.total_steps * params.batch_size, params.epochs * trainer.data.train_rows))
+    done = min(trainer.state.step * params.batch_size, total)
+    return Progress(f"distill {params.name}", total, done=done, bar=bar and trainer.dist.leader, logger=trainer.log)
+
+
+def _report(trainer: Trainer, reporter: Progress, rows: int, loss: float) -> None:
+    """Count ``rows`` trained; a progress line carries the mean training loss since the previous one."""
+    trainer.losses_unreported.append(loss)
+    step = f"{trainer.state.step}/{trainer.total_steps}"
+    if reporter.update(rows, step=step, loss=float(np.mean(trainer.losses_unreported)), lr=trainer.optim.lr):
+        trainer.losses_unreported.clear()
+
+
+def _log_plan(trainer: Trainer) -> None:
+    params, data = trainer.params, trainer.data
+    trainer.log.info(
+        "distill %s: training steps %d to %d of %d rows each (%d micro-batch(es)), %d epoch(s) of %d rows, "
+        "%d validation rows, k=%d, lr %.3g, device %s, amp %s, %d process(es)",
+        params.name,
+        trainer.state.step + 1,
+        trainer.total_steps,
+        params.batch_size,
+        params.grad_accum,
+        params.epochs,
+        data.train_rows,
+        len(data.val_texts),
+        data.dim,
+        params.lr,
+        trainer.model.device,
+        trainer.amp,
+        trainer.dist.world,
+    )
+
+
+def _log_epoch(trainer: Trainer, epoch: int, first_step: int) -> None:
+    """The end of ``epoch``, with the mean training loss of the steps this process ran in it."""
+    state, name = trainer.state, trainer.params.name
+    losses = [loss for step, loss in state.losses if step > first_step]
+    mean = f"{np.mean(losses):.6g}" if losses else "n/a"
+    trainer.log.info(
+        "distill %s: epoch %d/%d ended at step %d, mean training loss %s",
+        name,
+        epoch + 1,
+        trainer.params.epochs,
+        state.step,
+        mean,
+    )
+
+
+def _log_scores(trainer: Trainer, what: str, result: dict) -> None:
+    trainer.log.info(
+        "distill %s: %s step %d: val_mse %.6g, val_cosine %.4f",
+        trainer.params.name,
+        what,
+        result["step"],
+        result["val_mse"],
+        result["val_cosine"],
+    )
+
+
+def _log_evaluation(trainer: Trainer, result: dict, best: bool) -> None:
+    """An evaluation's scores, whether it is the best so far, and an early stop it caused."""
+    state = trainer.state
+    _log_scores(trainer, "evaluation at", result)
+    if not best:
+        trainer.log.info(
+            "distill %s: no improvement for %d evaluation(s); best val_mse %.6g at step %d",
+            trainer.params.name,
+            state.evals_since_best,
+            state.best_val_mse,
+            state.best_step,
+        )
+    if state.stopped_early:
+        trainer.log.info("distill %s: stopping early (patience %s)", trainer.params.name, trainer.params.patience)
 
 
 def _validation_scores(model: Any, data: TrainingData) -> dict:

@@ -7,13 +7,17 @@ run, the same-size baseline. A passing model moves ``models/current.json`` by co
 
 from __future__ import annotations
 
-from tasks.core import catalog
+import logging
+
+from tasks.core import catalog, uris
 from tasks.core.catalog import Pointer
 from tasks.stages.params import ValidateParams
 from tasks.stages.validate.errors import ValidationError
 
 GATED = ("STS-B test", "SICK-R test")
 BASELINE = "baseline (base model + PCA)"
+
+log = logging.getLogger(__name__)
 
 
 def reference(promoted: catalog.ModelPointer | None, sts_table: dict[str, dict[str, float]]) -> tuple[str, dict]:
@@ -24,22 +28,36 @@ def reference(promoted: catalog.ModelPointer | None, sts_table: dict[str, dict[s
 
 
 def decide(scores: dict, reference_scores: dict, reference_name: str, params: ValidateParams) -> dict:
-    """The promotion decision: minima and no regression beyond the margin, with every reason."""
+    """The promotion decision: minima and no regression beyond the margin, with every reason; each rule's
+    value, threshold and outcome is logged, and the decision."""
     reasons = []
     for name, minimum in zip(GATED, (params.min_stsb, params.min_sickr), strict=True):
-        if minimum is not None and scores[name] < minimum:
-            reasons.append(f"{name} {scores[name]:.2f} is below the minimum {minimum:.2f}")
-        if scores[name] < reference_scores[name] - params.max_regression:
-            reasons.append(
-                f"{name} {scores[name]:.2f} regresses more than {params.max_regression:.2f} below "
-                f"the {reference_name}'s {reference_scores[name]:.2f}"
+        score = scores[name]
+        for threshold, rule, failure in _rules(name, score, minimum, reference_scores[name], reference_name, params):
+            failed = score < threshold
+            log.info(
+                "gate %s: %.2f, threshold %.2f (%s): %s", name, score, threshold, rule, "FAIL" if failed else "pass"
             )
-    return {
+            if failed:
+                reasons.append(failure)
+    decision = {
         "passed": not reasons,
         "reasons": reasons or ["all checks passed"],
         "reference": reference_name,
         "reference_scores": {n: reference_scores[n] for n in GATED},
     }
+    log.info("gate %s: %s", "passed" if not reasons else "failed", "; ".join(decision["reasons"]))
+    return decision
+
+
+def _rules(
+    name: str, score: float, minimum: float | None, reference: float, reference_name: str, params: ValidateParams
+) -> list[tuple[float, str, str]]:
+    """(threshold, what it is, the reason given when ``score`` falls below it) of each rule on one score."""
+    margin = params.max_regression
+    rules = [] if minimum is None else [(minimum, "minimum", f"{name} {score:.2f} is below the minimum {minimum:.2f}")]
+    regression = f"{name} {score:.2f} regresses more than {margin:.2f} below the {reference_name}'s {reference:.2f}"
+    return [*rules, (reference - margin, f"the {reference_name}'s {reference:.2f} less {margin:.2f}", regression)]
 
 
 def promote_model(store: str, model_run: str, scores: dict, manifest_uri: str, etag: str | None) -> None:
@@ -51,3 +69,4 @@ def promote_model(store: str, model_run: str, scores: dict, manifest_uri: str, e
             f"{catalog.pointer_uri(store, Pointer.MODEL)}: another promotion happened since this "
             f"validation started; {model_run} was not promoted"
         ) from None
+    log.info("promoted %s: %s names it now", model_run, uris.redact(catalog.pointer_uri(store, Pointer.MODEL)))

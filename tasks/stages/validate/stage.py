@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import logging
 
-from tasks.core import catalog, manifest, storage
+from tasks.core import catalog, manifest, storage, uris
 from tasks.core.catalog import Pointer, Stage
 from tasks.ml import sts
 from tasks.stages.params import ValidateParams
 from tasks.stages.validate import promotion, scoring
 from tasks.stages.validate.errors import ValidationError
 from tasks.stages.validate.pairs import read_pairs
+
+log = logging.getLogger(__name__)
 
 
 def run(params: ValidateParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
@@ -34,6 +37,7 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
         return skipped
     with stage_run.phase("encode_and_score"):
         measured = scoring.measure(params, distilled, pair_sets)
+    _log_measurements(params.model_run, measured, distilled.stats.get("exported"))
     reference_name, reference_scores = promotion.reference(promoted, measured.sts)
     decision = promotion.decide(measured.sts["student"], reference_scores, reference_name, params)
     report = {
@@ -52,8 +56,24 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     prefix = catalog.validation_prefix(params.store, params.model_run, stage_run.fingerprint)
     stage_run.write_output(storage.join(prefix, "metrics.json"), json.dumps(report, indent=2).encode())
     stage_run.write_output(storage.join(prefix, "report.html"), page.encode())
+    log.info("validate %s: report %s", params.model_run, uris.redact(storage.join(prefix, "report.html")))
     stage_run.stats = report
     result = stage_run.publish()
     if decision["passed"] and params.promote:
         promotion.promote_model(params.store, params.model_run, measured.sts["student"], stage_run.uri, promoted_etag)
+    else:
+        log.info(
+            "validate %s: not promoted (%s)",
+            params.model_run,
+            "the gate failed" if params.promote else "promote is off",
+        )
     return result
+
+
+def _log_measurements(model_run: str, measured: scoring.Measurements, fidelity: dict | None) -> None:
+    """Each encoder's STS scores, the distillation fidelity and the retrieval checks."""
+    for encoder, scores in measured.sts.items():
+        shown = ", ".join(f"{pair_set} {score:.2f}" for pair_set, score in scores.items())
+        log.info("validate %s: STS of %s: %s", model_run, encoder, shown)
+    log.info("validate %s: fidelity of the exported weights %s", model_run, fidelity)
+    log.info("validate %s: retrieval %s", model_run, ", ".join(f"{k}={v}" for k, v in measured.retrieval.items()))
