@@ -2,7 +2,8 @@
 ### hpd_index — rebuild and promote the search index for the promoted student
 
 Scheduled on the `hpd_promoted_model` Asset (updated by `hpd_retrain` when a student passes the
-gate) and runnable by hand: encode the corpus with the promoted student, build the FAISS index,
+gate; the event names the store and the model run, which this run then uses) and runnable by hand
+(default: the store's promoted model): encode the corpus with the student, build the FAISS index,
 publish it and move `indexes/current.json` by compare-and-swap. The logic lives in `tasks/`.
 """
 
@@ -11,8 +12,9 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import dag, task
 
+from tasks.orchestration.assets import PROMOTED_MODEL
 from tasks.orchestration.dag_params import stage_param
-from tasks.orchestration.defaults import DEFAULT_ARGS, PROMOTED_MODEL, STORE_PARAM
+from tasks.orchestration.defaults import DEFAULT_ARGS, STORE_PARAM
 from tasks.stages.params import BuildIndexParams
 
 
@@ -27,6 +29,9 @@ from tasks.stages.params import BuildIndexParams
     doc_md=__doc__,
     params={
         "store": STORE_PARAM,
+        "model_run": stage_param(
+            BuildIndexParams, "model_run", None, "empty: the triggering event's, else the promoted"
+        ),
         "index_type": stage_param(BuildIndexParams, "index_type"),
         "sq8": stage_param(BuildIndexParams, "sq8"),
     },
@@ -37,8 +42,8 @@ def hpd_index():
         from tasks.core.catalog import Stage
         from tasks.orchestration import runtime
 
-        p = context["params"]
-        values = runtime.pick(p, "index_type", "sq8")  # named after the promoted model run
+        p = runtime.run_params(context)
+        values = {**runtime.pick(p, "index_type", "sq8"), "model_run": runtime.triggering_model_run(context)}
         return runtime.run_stage(Stage.BUILD_INDEX, runtime.stage_params(Stage.BUILD_INDEX, values, p)).stats
 
     build_and_promote()

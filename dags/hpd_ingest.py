@@ -1,12 +1,16 @@
 """
-### hpd_ingest — daily corpus partition: stage, augment, encode with the teacher
+### hpd_ingest — daily corpus partition: wait for its data, stage, augment, encode, announce
 
-For the data interval's day `D`: stage the raw sentence files into `sentences/ingest_date=D`, augment
-them (WordNet synonyms by default) and encode every sentences shard with the teacher, one mapped
-task per group of shards. Every step is idempotent per partition (a rerun or backfill skips what its
-manifests say is done), so `airflow backfill create --dag-id hpd_ingest --from-date ... --to-date ...`
-is safe. The logic lives in `tasks/`; this file only wires it. Params come from the stages' own
-parameter models; where this DAG's default differs, the param's description says why.
+For the data interval's day `D`: wait (deferred, on the triggerer) until `source`, resolved for `D`
+(`{ingest_date}` in it becomes the date), holds raw files, failing after `arrival_timeout_h`; stage them
+into `sentences/ingest_date=D`, augment them (WordNet synonyms by default), encode every sentences shard
+with the teacher (one mapped task per group of shards, in the teacher-encoding pool), then announce the
+partition: a partitioned `hpd_corpus_partition` event (key `D`; schedules `hpd_quality_report` on it)
+and an `hpd_corpus_updated` event (schedules `hpd_retrain`), both with the store, date, row counts and
+staging manifest. Every step is idempotent per partition, so
+`airflow backfill create --dag-id hpd_ingest --from-date ... --to-date ...` is safe. The logic lives in
+`tasks/`; this file only wires it. Params come from the stages' own parameter models; where this DAG's
+default differs, the param's description says why.
 """
 
 from __future__ import annotations
@@ -14,8 +18,17 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
+from tasks.orchestration.arrival import WaitForSource
+from tasks.orchestration.assets import CORPUS_PARTITION, CORPUS_UPDATED
 from tasks.orchestration.dag_params import stage_param
-from tasks.orchestration.defaults import DEFAULT_ARGS, DEFAULT_SOURCE, DEFAULT_TEACHER, DEPLOYMENT, STORE_PARAM
+from tasks.orchestration.defaults import (
+    DEFAULT_ARGS,
+    DEFAULT_SOURCE,
+    DEFAULT_TEACHER,
+    DEPLOYMENT,
+    ENCODE_POOL,
+    STORE_PARAM,
+)
 from tasks.stages.params import AugmentParams, EncodeTeacherParams, StageCorpusParams
 
 
@@ -30,6 +43,9 @@ from tasks.stages.params import AugmentParams, EncodeTeacherParams, StageCorpusP
     doc_md=__doc__,
     params={
         "source": stage_param(StageCorpusParams, "source", DEFAULT_SOURCE, DEPLOYMENT),
+        "arrival_timeout_h": Param(
+            24.0, type="number", exclusiveMinimum=0, description="fail when no raw data arrives within this"
+        ),
         "column": stage_param(StageCorpusParams, "column", "sentence", "the vendored corpus's text column"),
         "limit": stage_param(StageCorpusParams, "limit"),
         "store": STORE_PARAM,
@@ -55,17 +71,15 @@ def hpd_ingest():
         from tasks.core.catalog import Stage
         from tasks.orchestration import runtime
 
-        p, day = context["params"], runtime.partition_date(context)
-        values = {**runtime.pick(p, "source", "column", "limit"), "ingest_date": day}
-        runtime.run_stage(Stage.STAGE_CORPUS, runtime.stage_params(Stage.STAGE_CORPUS, values, p))
-        return day.isoformat()
+        runtime.run_stage(Stage.STAGE_CORPUS, runtime.staging_params(context))
+        return runtime.partition_date(context).isoformat()
 
     @task
     def augment(day: str, **context) -> str:
         from tasks.core.catalog import Stage
         from tasks.orchestration import runtime
 
-        p = context["params"]
+        p = runtime.run_params(context)
         values = {"ingest_date": day, "methods": p["augment_methods"], "fraction": p["augment_fraction"]}
         values.update(runtime.pick(p, "translate_forward", "translate_backward"))
         runtime.run_stage(Stage.AUGMENT, runtime.stage_params(Stage.AUGMENT, values, p))
@@ -75,19 +89,27 @@ def hpd_ingest():
     def plan_encoding(day: str, **context) -> list[list[int]]:
         from tasks.orchestration import runtime
 
-        return runtime.shard_groups(context["params"], day)
+        return runtime.shard_groups(runtime.run_params(context), day)
 
-    @task(max_active_tis_per_dagrun=4)
+    @task(max_active_tis_per_dagrun=4, pool=ENCODE_POOL)
     def encode(shards: list[int], day: str, **context) -> dict:
         from tasks.core.catalog import Stage
         from tasks.orchestration import runtime
 
-        p = context["params"]
+        p = runtime.run_params(context)
         values = {**runtime.pick(p, "teacher", "dtype"), "ingest_date": day, "shards": shards}
         return runtime.run_stage(Stage.ENCODE_TEACHER, runtime.stage_params(Stage.ENCODE_TEACHER, values, p)).stats
 
-    day = augment(stage())
-    encode.partial(day=day).expand(shards=plan_encoding(day))
+    @task(outlets=[CORPUS_PARTITION, CORPUS_UPDATED])
+    def announce(day: str, encoded: list[dict], **context) -> dict:
+        from tasks.orchestration import runtime
+
+        return runtime.announce_partition(context, day)
+
+    staged = stage()
+    WaitForSource(task_id="wait_for_source", poll_s=30) >> staged
+    day = augment(staged)
+    announce(day, encode.partial(day=day).expand(shards=plan_encoding(day)))
 
 
 hpd_ingest()

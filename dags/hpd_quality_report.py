@@ -1,16 +1,19 @@
 """
 ### hpd_quality_report — great-expectations checks of a partition's data
 
-Daily (for the data interval's partition) and on demand: run the expectation suites on the
-partition's sentences and the teacher's embeddings, and on a PCA run's targets when named. A
-failure fails the task with every failing expectation and sample rows in the log.
+Once per corpus partition `hpd_ingest` announces (a partitioned `hpd_corpus_partition` event: the run's
+partition key is its ingest date and the event names its store), after its teacher shards are written;
+on demand with a partition key. Runs the expectation suites on the partition's sentences and the
+teacher's embeddings, and on a PCA run's targets when named. A failure fails the task (red, alerted)
+with every failing expectation and sample rows in the log.
 """
 
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import dag, task
+from airflow.sdk import PartitionedAssetTimetable, dag, task
 
+from tasks.orchestration.assets import CORPUS_PARTITION
 from tasks.orchestration.dag_params import stage_param
 from tasks.orchestration.defaults import DEFAULT_ARGS, DEFAULT_TEACHER, DEPLOYMENT, STORE_PARAM
 from tasks.stages.params import QualityParams
@@ -18,7 +21,7 @@ from tasks.stages.params import QualityParams
 
 @dag(
     dag_id="hpd_quality_report",
-    schedule="@daily",
+    schedule=PartitionedAssetTimetable(assets=CORPUS_PARTITION),
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
     default_args=DEFAULT_ARGS,
@@ -36,7 +39,7 @@ def hpd_quality_report():
         from tasks.core.catalog import Stage
         from tasks.orchestration import runtime
 
-        p = context["params"]
+        p = runtime.run_params(context)
         values = {**runtime.pick(p, "teacher", "pca_name"), "ingest_date": runtime.partition_date(context)}
         return runtime.run_stage(Stage.QUALITY, runtime.stage_params(Stage.QUALITY, values, p)).stats
 

@@ -1,11 +1,15 @@
 """
 ### hpd_retrain — fit the projection, distil the student, validate, promote
 
-Weekly and on manual trigger (params below): fit the PCA over the selected partitions' teacher
-embeddings (writing the projected targets), distil the student (queue `gpu` when the deployment has
-one, in a pod asking for `nvidia.com/gpu` under the KubernetesExecutor; CPU otherwise), validate it
-(STS, fidelity, retrieval, quality gate, HTML report) and, when the gate passes, promote it to
-`models/current.json` and update the `hpd_promoted_model` Asset, which schedules `hpd_index`.
+On new data (the `hpd_corpus_updated` events `hpd_ingest` emits; their store is the run's store) and on
+manual trigger (params below). It first checks that there is something to learn: partitions named in
+`partitions`, or encoded partitions the promoted model was not trained on; otherwise it ends there,
+green, distilling nothing. Then: fit the PCA over the selected partitions' teacher embeddings (writing
+the projected targets), distil the student (on the GPU workers' queue, or its executor, where the
+deployment has them; in a pod asking for `nvidia.com/gpu` under the KubernetesExecutor; CPU otherwise),
+validate it (STS, fidelity, retrieval, quality gate, HTML report). A failed gate fails the run (red, with
+the reasons, scores and report in the log and the alert) and promotes nothing; a passing student becomes
+`models/current.json` and an `hpd_promoted_model` event (store, model run) schedules `hpd_index`.
 The logic lives in `tasks/`; this file only wires it. Params come from the stages' own parameter
 models; where this DAG's default differs, the param's description says why.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import dag, task
 
+from tasks.orchestration.assets import CORPUS_UPDATED, PROMOTED_MODEL
 from tasks.orchestration.dag_params import stage_param
 from tasks.orchestration.defaults import (
     DEFAULT_ARGS,
@@ -22,17 +27,18 @@ from tasks.orchestration.defaults import (
     DEFAULT_STUDENT,
     DEFAULT_TEACHER,
     DEPLOYMENT,
+    DISTILL_EXECUTOR,
     GPU_QUEUE,
-    PROMOTED_MODEL,
     STORE_PARAM,
+    gate_param,
     gpu_executor_config,
 )
-from tasks.stages.params import DistillParams, FitPCAParams, ValidateParams
+from tasks.stages.params import DistillParams, FitPCAParams
 
 
 @dag(
     dag_id="hpd_retrain",
-    schedule="@weekly",
+    schedule=[CORPUS_UPDATED],
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -53,9 +59,9 @@ from tasks.stages.params import DistillParams, FitPCAParams, ValidateParams
         "batch_size": stage_param(DistillParams, "batch_size"),
         "lr": stage_param(DistillParams, "lr"),
         "amp": stage_param(DistillParams, "amp"),
-        "min_stsb": stage_param(ValidateParams, "min_stsb"),
-        "min_sickr": stage_param(ValidateParams, "min_sickr"),
-        "max_regression": stage_param(ValidateParams, "max_regression"),
+        "min_stsb": gate_param("min_stsb"),
+        "min_sickr": gate_param("min_sickr"),
+        "max_regression": gate_param("max_regression"),
         "name": stage_param(
             DistillParams,
             "name",
@@ -66,23 +72,34 @@ from tasks.stages.params import DistillParams, FitPCAParams, ValidateParams
     },
 )
 def hpd_retrain():
+    @task.short_circuit
+    def new_data(**context) -> bool:
+        from tasks.orchestration import runtime
+
+        return runtime.has_new_data(context)
+
     @task
     def fit_pca(**context) -> str:
         from tasks.core.catalog import Stage
         from tasks.orchestration import runtime
 
-        p = context["params"]
+        p = runtime.run_params(context)
         values = runtime.pick(p, "teacher", "partitions", "k", "mode", "max_rows")
         params = runtime.stage_params(Stage.FIT_PCA, values, p)
         runtime.run_stage(Stage.FIT_PCA, params)
         return params.name
 
-    @task(queue=GPU_QUEUE, executor_config=gpu_executor_config(), execution_timeout=pendulum.duration(hours=12))
+    @task(
+        queue=GPU_QUEUE,
+        executor=DISTILL_EXECUTOR,
+        executor_config=gpu_executor_config(),
+        execution_timeout=pendulum.duration(hours=12),
+    )
     def distill(pca_name: str, **context) -> str:
         from tasks.core.catalog import Stage
         from tasks.orchestration import runtime
 
-        p = context["params"]
+        p = runtime.run_params(context)
         values = runtime.pick(
             p, "teacher", "partitions", "student", "student_layers", "epochs", "max_steps", "batch_size", "lr", "amp"
         )
@@ -92,25 +109,25 @@ def hpd_retrain():
         return params.name
 
     @task
-    def validate(model_run: str, **context) -> bool:
+    def validate(model_run: str, **context) -> dict:
         from tasks.core.catalog import Stage
         from tasks.orchestration import runtime
 
-        p = context["params"]
+        p = runtime.run_params(context)
         values = {"model_run": model_run, **runtime.pick(p, "min_stsb", "min_sickr", "max_regression")}
         result = runtime.run_stage(Stage.VALIDATE, runtime.stage_params(Stage.VALIDATE, values, p))
-        return result.stats["gate"]["passed"]
-
-    @task.short_circuit
-    def gate_passed(passed: bool) -> bool:
-        return passed
+        return runtime.gate_verdict(result)  # a failed gate raises: the run is red, nothing promoted
 
     @task(outlets=[PROMOTED_MODEL])
-    def announce_promotion(model_run: str) -> str:
-        return model_run
+    def announce_promotion(model_run: str, verdict: dict, **context) -> dict:
+        from tasks.orchestration import runtime
 
-    model_run = distill(fit_pca())
-    gate_passed(validate(model_run)) >> announce_promotion(model_run)
+        return runtime.announce_promotion(context, model_run, verdict)
+
+    pca_name = fit_pca()
+    new_data() >> pca_name
+    model_run = distill(pca_name)
+    announce_promotion(model_run, validate(model_run))
 
 
 hpd_retrain()

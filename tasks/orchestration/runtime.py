@@ -1,21 +1,42 @@
-"""What the Airflow DAG tasks call at run time: the run's partition and store, stage runs, shard planning."""
+"""What the Airflow DAG tasks call at run time: the run's partition and store, stage runs, shard planning,
+the events a run emits, the new-data check of a retrain and the quality gate's verdict."""
 
 from __future__ import annotations
 
 import importlib
+import logging
 from datetime import date
 from typing import Any
+
+from airflow.sdk.exceptions import AirflowFailException
 
 from tasks.core import catalog, config
 from tasks.core.catalog import Stage
 from tasks.core.config import StageParams
 from tasks.core.manifest import StageResult
+from tasks.orchestration import assets
+
+log = logging.getLogger(__name__)
+
+
+class QualityGateFailed(AirflowFailException):
+    """A validated student failed the quality gate: the run fails (no retry) and nothing is promoted."""
 
 
 def partition_date(context: dict) -> date:
-    """The run's partition: the day its data interval starts (never the wall clock)."""
+    """The run's partition: its partition key (a run of a partitioned asset), else the day its data interval
+    starts (never the wall clock)."""
+    if key := context.get("partition_key"):
+        return date.fromisoformat(key)
     start = context.get("data_interval_start") or context["logical_date"]
     return start.date()
+
+
+def run_params(context: dict) -> dict:
+    """The run's params; a run that names no store works on the store of the events that triggered it."""
+    params = dict(context["params"])
+    params["store"] = params.get("store") or assets.triggering_store(context)
+    return params
 
 
 def pick(params: dict, *names: str) -> dict[str, Any]:
@@ -33,6 +54,13 @@ def stage_params(stage: Stage, values: dict[str, Any], params: dict) -> StagePar
     from tasks.stages.params import PARAMS
 
     return config.parse(PARAMS[stage], with_store(values, params))
+
+
+def staging_params(context: dict) -> StageParams:
+    """The stage-corpus params of the run's partition (its source still a template)."""
+    params = run_params(context)
+    values = {**pick(params, "source", "column", "limit"), "ingest_date": partition_date(context)}
+    return stage_params(Stage.STAGE_CORPUS, values, params)
 
 
 def run_stage(stage: Stage, parsed: StageParams) -> StageResult:
@@ -53,3 +81,82 @@ def shard_groups(params: dict, day: str) -> list[list[int]]:
 def run_name(context: dict) -> str:
     """A store-safe name for the Airflow run (the default name of a distill run)."""
     return catalog.airflow_run_name(context["run_id"])
+
+
+def announce_partition(context: dict, day: str) -> dict[str, Any]:
+    """Attach a finished partition's facts to this task's outlet events (``assets.CORPUS_PARTITION``, keyed by
+    the ingest date, and ``assets.CORPUS_UPDATED``): its store, date, row counts and staging manifest."""
+    from tasks.core import manifest
+
+    store = config.parse(StageParams, with_store({}, run_params(context))).store
+    key = catalog.partition_key(date.fromisoformat(day))
+    staged = manifest.read(store, Stage.STAGE_CORPUS, key)
+    augmented = manifest.read(store, Stage.AUGMENT, key)
+    extra = {
+        "store": store,
+        "ingest_date": day,
+        "rows": {
+            "sentences": staged.stats["rows_written"] if staged else 0,
+            "augmented": augmented.stats.get("rows_written", 0) if augmented else 0,
+        },
+        "manifest": catalog.store_key(store, catalog.manifest_uri(store, Stage.STAGE_CORPUS, key)),
+    }
+    for asset in (assets.CORPUS_PARTITION, assets.CORPUS_UPDATED):
+        context["outlet_events"][asset].extra = extra
+    context["outlet_events"][assets.CORPUS_PARTITION].add_partitions(day)
+    log.info("partition %s of %s announced: %s", day, store, extra["rows"])
+    return extra
+
+
+def has_new_data(context: dict) -> bool:
+    """Whether a retrain has anything to learn: partitions named in its params, or encoded partitions the
+    promoted model was not trained on (any, while none is promoted)."""
+    from tasks.core import lineage
+
+    params = run_params(context)
+    if params.get("partitions"):
+        log.info("retraining on the partitions named: %s", params["partitions"])
+        return True
+    store = config.parse(StageParams, with_store({}, params)).store
+    new = lineage.untrained_partitions(store, params["teacher"])
+    if not new:
+        log.info("no new data in %s: every encoded partition is in the promoted model's training data", store)
+        return False
+    log.info("new partitions the promoted model has not seen: %s", [d.isoformat() for d in new])
+    return True
+
+
+def announce_promotion(context: dict, model_run: str, verdict: dict[str, Any]) -> dict[str, Any]:
+    """Attach the promoted model run, its store, scores and report to this task's ``assets.PROMOTED_MODEL`` event."""
+    store = config.parse(StageParams, with_store({}, run_params(context))).store
+    extra = {"store": store, "model_run": model_run, "scores": verdict["scores"], "report": verdict["report"]}
+    context["outlet_events"][assets.PROMOTED_MODEL].extra = extra
+    log.info("model run %s promoted in %s", model_run, store)
+    return extra
+
+
+def triggering_model_run(context: dict) -> str | None:
+    """The model run named by the run's params, else by the promotion event that triggered it (else None:
+    the promoted one)."""
+    named = [extra["model_run"] for extra in assets.triggering_extras(context) if extra.get("model_run")]
+    return context["params"].get("model_run") or (named[-1] if named else None)
+
+
+def gate_verdict(result: StageResult) -> dict[str, Any]:
+    """The validate stage's decision with the report's URI; :class:`QualityGateFailed` (its reasons, the
+    student's scores against the reference and the report) when the gate failed."""
+    stats = result.stats
+    gate, report = stats["gate"], next((o.uri for o in result.outputs if o.uri.endswith("report.html")), None)
+    scores = stats["sts"].get("student", {})
+    verdict = {"passed": gate["passed"], "reasons": gate["reasons"], "scores": scores, "report": report}
+    if not gate["passed"]:
+        raise QualityGateFailed(
+            f"quality gate failed: {'; '.join(gate['reasons'])}. Student scores: {_scores(scores)}; "
+            f"{gate['reference']}: {_scores(gate['reference_scores'])}. Nothing was promoted. Report: {report}"
+        )
+    log.info("quality gate passed: %s; report %s", _scores(scores), report)
+    return verdict
+
+
+def _scores(scores: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value:.2f}" for name, value in scores.items()) or "none"

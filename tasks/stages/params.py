@@ -25,7 +25,10 @@ AutoRunName = Annotated[str, Field(pattern=catalog.AUTO_RUN_NAME_PATTERN)]
 
 
 class StageCorpusParams(StageParams):
-    source: str = Field(description="URI or path of a raw file, or of a folder/prefix of raw files")
+    source: str = Field(
+        description="URI or path of a raw file, or of a folder/prefix of raw files; {ingest_date} (optionally"
+        " with a strftime format: {ingest_date:%Y/%m/%d}) is replaced by the partition's date"
+    )
     ingest_date: date = Field(description="the partition to write (from the Airflow data interval)")
     format: Format = Field("auto", description="input format; auto picks it from the file suffix")
     column: str = Field("text", min_length=1, description="text field (JSONL) or column (CSV/TSV/Parquet)")
@@ -35,7 +38,9 @@ class StageCorpusParams(StageParams):
     max_input_bytes: int = Field(
         2 * 1024**3, gt=0, description="refuse a source file larger than this, as stored or once decompressed"
     )
-    max_line_chars: int = Field(1_000_000, gt=0, description="refuse a source holding a longer line (or Parquet value) than this")
+    max_line_chars: int = Field(
+        1_000_000, gt=0, description="refuse a source holding a longer line (or Parquet value) than this"
+    )
 
 
 class AugmentParams(StageParams):

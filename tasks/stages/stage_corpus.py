@@ -1,7 +1,8 @@
 """Stage corpus: raw sentence files -> the ``sentences`` dataset, one ``ingest_date`` partition.
 
 Reads plain text (one sentence per line), JSONL, CSV, TSV or Parquet, each optionally gzipped, as a
-stream (memory follows the kept rows, not the file); normalises (Unicode NFC, collapsed whitespace); drops empty and over-long lines; de-duplicates by
+stream (memory follows the kept rows, not the file); normalises (Unicode NFC, collapsed whitespace);
+drops empty and over-long lines; de-duplicates by
 the sentence id (a hash of the normalised text) within the input and against every partition
 already staged; writes ``sentences/ingest_date=D/part-NNNNN-<sha8>.parquet`` shards and the
 partition's manifest, which lists the shards and counts the dropped rows by reason.
@@ -15,6 +16,7 @@ import gzip
 import io
 import itertools
 import json
+import logging
 import zlib
 from collections import Counter
 from collections.abc import Iterator
@@ -24,12 +26,14 @@ from typing import Any, BinaryIO
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from tasks.core import catalog, manifest, sentences, storage
 from tasks.core.catalog import Stage
+from tasks.core.progress import Progress
+from tasks.core.sources import CorpusInputError, resolve_source, source_uris
 from tasks.stages.params import StageCorpusParams
 
+log = logging.getLogger(__name__)
 _CHUNK = 1024 * 1024
 _GZIP_MAGIC = b"\x1f\x8b"
 _BOM = codecs.BOM_UTF8
@@ -45,10 +49,6 @@ _SUFFIX_FORMATS = {
 }
 
 
-class CorpusInputError(ValueError):
-    """A raw input that cannot be read as sentences; the message names the URI."""
-
-
 def run(params: StageCorpusParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Stage ``params.source`` into the ``sentences`` partition of ``params.ingest_date``."""
     key = catalog.partition_key(params.ingest_date)
@@ -57,7 +57,10 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
         key=key,
         store=params.store,
         params=params.model_dump(mode="json"),
-        inputs=[_fingerprint(uri, params.max_input_bytes) for uri in _source_uris(params.source)],
+        inputs=[
+            _fingerprint(uri, params.max_input_bytes)
+            for uri in source_uris(resolve_source(params.source, params.ingest_date))
+        ],
     )
     if skipped := stage_run.skip_result(force):
         return skipped
@@ -100,11 +103,14 @@ def _read_sentences(
         uri = source.uri
         remaining = None if params.limit is None else params.limit - sum(records_read.values())
         records_read[uri] = 0
-        with _opened(source, params.max_input_bytes) as stream:
+        what = f"stage_corpus {uri.rsplit('/', 1)[-1]}"
+        with (
+            _opened(source, params.max_input_bytes) as stream,
+            Progress(what, total=None, unit="records", bar=progress, logger=log) as reporter,
+        ):
             records = itertools.islice(_records(uri, stream, _format_of(uri, params.format), params), remaining)
-            for line_no, raw_text in tqdm(
-                records, desc=f"stage {uri.rsplit('/', 1)[-1]}", unit=" lines", disable=not progress
-            ):
+            for line_no, raw_text in records:
+                reporter.update()
                 records_read[uri] += 1
                 text = sentences.normalise(raw_text or "")
                 sid = sentences.sentence_id(text)
@@ -123,16 +129,6 @@ def _drop_reason(text: str, sid: str, max_chars: int, seen: set[str]) -> str | N
     if len(text) > max_chars:
         return "too_long"
     return "duplicate_in_input" if sid in seen else None
-
-
-def _source_uris(source: str) -> list[str]:
-    uri = storage.to_uri(source)
-    if storage.exists(uri):
-        return [uri]
-    found = [u for u in storage.list_uris(uri) if not u.rsplit("/", 1)[-1].startswith((".", "_"))]
-    if not found:
-        raise CorpusInputError(f"{uri}: no such file, and no raw files under it")
-    return found
 
 
 def _format_of(uri: str, requested: str) -> str:

@@ -1,45 +1,112 @@
-"""Live Airflow services (api-server on 127.0.0.1, scheduler, dag-processor; LocalExecutor, SQLite):
-a 2-day backfill of hpd_ingest and a REST-triggered hpd_retrain, and a run that survives a killed scheduler."""
+"""Live Airflow services (api-server on 127.0.0.1, scheduler, dag-processor, triggerer; LocalExecutor, SQLite)
+and a local SMTP sink, operated as the platform team does: a 3-day backfill of hpd_ingest over 3 daily inputs
+(one arriving late, waited for by the deferred sensor), the events that run the quality report on each partition
+and a retrain on the new data, whose promotion rebuilds the index, on the store the events name (the services'
+own default store stays empty); a red run on a failed gate with exactly one alert; a retrain that finds no new
+data; a run that survives a killed scheduler. The tests run in order and build on each other."""
 
 import gzip
 import json
+import threading
 import time
+from datetime import date
 
 import pytest
 
-from tasks.core import manifest, storage
+from tasks.core import catalog, manifest, storage
 from tasks.core.catalog import Stage
 from tests.support.airflow_services import AirflowServices
 from tests.support.paths import REPO as ROOT
+from tests.support.smtp_sink import SmtpSink, body_text
 from tests.support.tiny_models import build_sentence_model
+
+DAYS = ("2026-11-01", "2026-11-02", "2026-11-03")
+LATE_DAY = DAYS[-1]
+FAST = {"augment_methods": ["swap"], "dtype": "fp32"}
+
+
+def _daily_inputs(raw) -> dict[str, list[str]]:
+    """One TSV per day under ``raw/``, 20 different sentences each (the last written later, by the test)."""
+    with gzip.open(ROOT / "data" / "corpus" / "sentences.tsv.gz", "rt") as f:
+        header = next(f)
+        lines = [next(f) for _ in range(len(DAYS) * 20)]
+    raw.mkdir()
+    inputs = {day: lines[i * 20 : (i + 1) * 20] for i, day in enumerate(DAYS)}
+    for day in DAYS[:-1]:
+        (raw / f"{day}.tsv").write_text(header + "".join(inputs[day]))
+    inputs["header"] = [header]
+    return inputs
 
 
 @pytest.fixture(scope="module")
-def services(tmp_path_factory):
+def sink():
+    running = SmtpSink().start()
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory, sink):
     home = tmp_path_factory.mktemp("airflow-services")
-    with gzip.open(ROOT / "data" / "corpus" / "sentences.tsv.gz", "rt") as f:
-        (home / "raw.tsv").write_text("".join(next(f) for _ in range(41)))
+    inputs = _daily_inputs(home / "raw")
     model = str(build_sentence_model(home / "tiny"))
-    store = storage.to_uri(str(home / "store"))
     running = AirflowServices(
         home,
         {
-            "HPD_STORE": store,
-            "HPD_DEFAULT_SOURCE": str(home / "raw.tsv"),
+            "HPD_STORE": storage.to_uri(str(home / "default-store")),  # must stay empty: runs name their store
+            "HPD_DEFAULT_SOURCE": str(home / "raw" / "{ingest_date}.tsv"),
             "HPD_DEFAULT_TEACHER": model,
             "HPD_DEFAULT_STUDENT": model,
             "HPD_DEFAULT_K": "8",
+            "HPD_DEFAULT_MAX_REGRESSION": "1000",  # tiny random models: the gate judges the plumbing, not them
+            "HPD_ALERT_EMAIL": "ml-oncall@example.com",
+            "HPD_ALERT_FROM": "hpd-airflow@example.com",
+            "AIRFLOW_CONN_SMTP_DEFAULT": sink.connection_uri(),
         },
     )
     running.start()
-    running.store = store
+    running.home, running.inputs = home, inputs
+    running.store = storage.to_uri(str(home / "store"))
+    running.default_store = home / "default-store"
     try:
-        for dag_id in ("hpd_ingest", "hpd_retrain"):
+        for dag_id in ("hpd_ingest", "hpd_quality_report", "hpd_index", "hpd_retrain"):
             running.wait_for_dag(dag_id)
             running.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
         yield running
     finally:
         running.stop()
+
+
+def _runs(services, dag_id: str) -> list[dict]:
+    return sorted(services.request("GET", f"/api/v2/dags/{dag_id}/dagRuns")["dag_runs"], key=lambda r: r["run_after"])
+
+
+def _wait_for_runs(services, dag_id: str, count: int, timeout: float, settle_s: float = 10) -> list[dict]:
+    """The DAG's runs once at least ``count`` exist, all of them finished and no new one came for ``settle_s``."""
+    deadline, seen, since = time.monotonic() + timeout, -1, time.monotonic()
+    while time.monotonic() < deadline:
+        runs = _runs(services, dag_id)
+        if len(runs) != seen:
+            seen, since = len(runs), time.monotonic()
+        finished = all(r["state"] in ("success", "failed") for r in runs)
+        if len(runs) >= count and finished and time.monotonic() - since >= settle_s:
+            return runs
+        time.sleep(2)
+    raise AssertionError(f"{dag_id}: {[(r['dag_run_id'], r['state']) for r in _runs(services, dag_id)]}")
+
+
+def _task_states(services, dag_id: str, run_id: str) -> dict[str, str]:
+    path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances"
+    return {t["task_id"]: t["state"] for t in services.request("GET", path)["task_instances"]}
+
+
+def _trigger(services, dag_id: str, conf: dict) -> str:
+    body = {"logical_date": None, "conf": {"store": services.store, **conf}}
+    return services.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)["dag_run_id"]
+
+
+def _promoted(store: str) -> catalog.ModelPointer | None:
+    return catalog.read_pointer(store, catalog.Pointer.MODEL)[0]
 
 
 def _checksums_agree(store):
@@ -49,56 +116,110 @@ def _checksums_agree(store):
                 assert manifest.sha256_hex(storage.read_bytes(output.uri)) == output.sha256, output.uri
 
 
-def test_two_day_backfill_through_the_rest_api(services):
-    conf = {"augment_methods": ["swap"], "dtype": "fp32"}
+def test_three_day_backfill_over_three_daily_inputs(services):
     services.request(
         "POST",
         "/api/v2/backfills",
         {
             "dag_id": "hpd_ingest",
-            "from_date": "2026-11-01T00:00:00Z",
-            "to_date": "2026-11-02T00:00:00Z",
-            "max_active_runs": 2,
+            "from_date": f"{DAYS[0]}T00:00:00Z",
+            "to_date": f"{DAYS[-1]}T00:00:00Z",
+            "max_active_runs": 3,
             "reprocess_behavior": "none",
             "run_backwards": False,
-            "dag_run_conf": conf,
+            "dag_run_conf": {"store": services.store, **FAST},
         },
     )
-    days = ("2026-11-01", "2026-11-02")
-    for day in days:
-        assert services.wait_for_run("hpd_ingest", f"backfill__{day}T00:00:00+00:00", timeout=300) == "success"
-    written = [
-        manifest.read(services.store, Stage.STAGE_CORPUS, f"ingest_date={d}").stats["rows_written"] for d in days
-    ]
-    assert sum(written) == 40  # both days read the same file: each sentence is stored once
+    late = services.home / "raw" / f"{LATE_DAY}.tsv"
+    lands = threading.Timer(20, lambda: late.write_text("".join(services.inputs["header"] + services.inputs[LATE_DAY])))
+    lands.start()
+    for day in DAYS:
+        assert services.wait_for_run("hpd_ingest", f"backfill__{day}T00:00:00+00:00", timeout=400) == "success"
+    late_run = f"backfill__{LATE_DAY}T00:00:00+00:00"
+    assert _task_states(services, "hpd_ingest", late_run)["wait_for_source"] == "success"
+    texts = {}
+    for day in DAYS:
+        staged = manifest.read(services.store, Stage.STAGE_CORPUS, f"ingest_date={day}")
+        assert staged.stats["rows_written"] == 20 and staged.inputs[0].uri.endswith(f"/raw/{day}.tsv")
+        texts[day] = {r["text"] for o in staged.outputs for r in storage.read_parquet(o.uri).to_pylist()}
+    assert len(set().union(*texts.values())) == 60  # three partitions, three different contents
     _checksums_agree(services.store)
 
 
-def test_retrain_triggered_through_the_rest_api(services):
-    run = services.request(
-        "POST",
-        "/api/v2/dags/hpd_retrain/dagRuns",
-        {
-            "logical_date": None,
-            "conf": {
-                "partitions": ["2026-11-01", "2026-11-02"],
-                "max_steps": 3,
-                "batch_size": 16,
-                "amp": "off",
-                "max_regression": 1000.0,
-            },
-        },
-    )
-    assert services.wait_for_run("hpd_retrain", run["dag_run_id"], timeout=400) == "success"
-    promoted = json.loads(storage.read_bytes(f"{services.store}/models/current.json"))
-    assert manifest.read(services.store, Stage.DISTILL, promoted["model_run"]) is not None
+def test_each_partition_event_runs_the_quality_report_on_exactly_that_partition(services):
+    runs = _wait_for_runs(services, "hpd_quality_report", len(DAYS), timeout=300)
+    assert sorted(r["partition_key"] for r in runs) == list(DAYS)
+    assert {r["run_type"] for r in runs} == {"asset_triggered"} and {r["state"] for r in runs} == {"success"}
+    for day in DAYS:
+        assert manifest.read(services.store, Stage.QUALITY, f"ingest_date={day}") is not None
+    assert not any(services.default_store.rglob("*.json"))
+
+
+def test_new_data_retrains_and_the_promotion_rebuilds_the_index_on_the_events_store(services):
+    """Each ingest event queues a retrain (one at a time; events arriving meanwhile make one more run): the last
+    one that distils sees every partition; a run started after them finds no new data and ends green."""
+    retrains = _wait_for_runs(services, "hpd_retrain", 1, timeout=600)
+    assert {r["run_type"] for r in retrains} == {"asset_triggered"}
+    assert {r["state"] for r in retrains} == {"success"}, retrains
+    promoted = _promoted(services.store)
+    assert promoted is not None
+    distilled = manifest.read(services.store, Stage.DISTILL, promoted.model_run)
+    assert {d.isoformat() for d in _partitions_of(services.store, distilled)} == set(DAYS)
+
+    index_runs = _wait_for_runs(services, "hpd_index", 1, timeout=300)
+    assert {(r["run_type"], r["state"]) for r in index_runs} == {("asset_triggered", "success")}
+    index = catalog.read_pointer(services.store, catalog.Pointer.INDEX)[0]
+    assert index is not None and index.model_run == promoted.model_run
+    assert not any(services.default_store.rglob("*.json"))
+
+
+def _partitions_of(store: str, distilled: manifest.Manifest) -> set[date]:
+    from tasks.core import lineage
+
+    return lineage.partitions_in(catalog.store_key(store, i.uri) or i.uri for i in distilled.inputs)
+
+
+def test_a_failed_gate_is_a_red_run_with_one_alert_and_no_promotion(services, sink):
+    assert sink.messages == []  # nothing failed so far
+    before = _promoted(services.store)
+    conf = {"partitions": list(DAYS), "max_steps": 2, "batch_size": 16, "amp": "off", "min_stsb": 99.0}
+    run_id = _trigger(services, "hpd_retrain", conf)
+    assert services.wait_for_run("hpd_retrain", run_id, timeout=600) == "failed"
+    states = _task_states(services, "hpd_retrain", run_id)
+    assert states["validate"] == "failed" and states["announce_promotion"] == "upstream_failed"
+    assert _promoted(services.store) == before
+
+    deadline = time.monotonic() + 30
+    while not sink.messages and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(3)  # a second message would have arrived by now
+    (alert,) = sink.messages
+    assert alert["To"] == "ml-oncall@example.com" and alert["From"] == "hpd-airflow@example.com"
+    assert "hpd_retrain.validate failed" in alert["Subject"] and run_id in alert["Subject"]
+    body = body_text(alert)
+    assert "quality gate failed" in body and "STS-B test" in body and "below the minimum 99.00" in body
+    assert "Nothing was promoted" in body and "/validation/" in body and "report.html" in body
+
+
+def test_a_retrain_without_new_data_distils_nothing(services):
+    distilled_before = manifest.list_keys(services.store, Stage.DISTILL)
+    run_id = _trigger(services, "hpd_retrain", {})
+    assert services.wait_for_run("hpd_retrain", run_id, timeout=300) == "success"
+    states = _task_states(services, "hpd_retrain", run_id)
+    assert states["new_data"] == "success"
+    assert {states[t] for t in ("fit_pca", "distill", "validate", "announce_promotion")} == {"skipped"}
+    assert manifest.list_keys(services.store, Stage.DISTILL) == distilled_before
 
 
 def test_a_run_completes_after_the_scheduler_is_killed(services):
+    day = "2026-11-05"
+    (services.home / "raw" / f"{day}.tsv").write_text(
+        "".join(services.inputs["header"] + services.inputs[DAYS[0]])  # a repeat of day 1: nothing new
+    )
     run = services.request(
         "POST",
         "/api/v2/dags/hpd_ingest/dagRuns",
-        {"logical_date": "2026-11-05T00:00:00Z", "conf": {"augment_methods": ["swap"], "dtype": "fp32"}},
+        {"logical_date": f"{day}T00:00:00Z", "conf": {"store": services.store, **FAST}},
     )
     path = f"/api/v2/dags/hpd_ingest/dagRuns/{run['dag_run_id']}/taskInstances"
     deadline = time.monotonic() + 120
@@ -108,5 +229,6 @@ def test_a_run_completes_after_the_scheduler_is_killed(services):
     services.kill("scheduler")
     services.start_one("scheduler", ["scheduler", "--skip-serve-logs"])
     assert services.wait_for_run("hpd_ingest", run["dag_run_id"], timeout=400) == "success"
-    assert manifest.read(services.store, Stage.STAGE_CORPUS, "ingest_date=2026-11-05").stats["rows_written"] == 0
+    assert manifest.read(services.store, Stage.STAGE_CORPUS, f"ingest_date={day}").stats["rows_written"] == 0
     _checksums_agree(services.store)
+    assert json.loads(storage.read_bytes(f"{services.store}/models/current.json"))["model_run"]

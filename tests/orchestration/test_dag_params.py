@@ -17,7 +17,7 @@ from tasks.stages.params import DistillParams, StageCorpusParams
 from tests.support.paths import DAGS
 
 # Params that only steer the orchestration (no stage field behind them), by DAG.
-ORCHESTRATION_ONLY = {("hpd_ingest", "shard_groups")}
+ORCHESTRATION_ONLY = {("hpd_ingest", "shard_groups"), ("hpd_ingest", "arrival_timeout_h")}
 # What a DAG param does not take from its field's schema (its default and description are checked apart).
 NOT_COMPARED = {"type", "title", "description", "default", FIELD_KEY}
 _MISSING = object()

@@ -276,3 +276,21 @@ def test_an_over_long_line_is_counted_without_holding_it(store, tmp_path, name):
     (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
     with pytest.raises(CorpusInputError, match=r"line 3 holds 25000 characters, more than max_line_chars=1000"):
         run(_params(store, tmp_path / name, column="text", max_line_chars=1000))
+
+
+def test_a_source_template_resolves_to_the_partitions_files(store, tmp_path):
+    for day, text in ((DAY1, "first day\n"), (DAY2, "second day\n")):
+        folder = tmp_path / "raw" / day.strftime("%Y/%m/%d")
+        folder.mkdir(parents=True)
+        (folder / "part.txt").write_text(text)
+    template = str(tmp_path / "raw" / "{ingest_date:%Y/%m/%d}")
+    for day, text in ((DAY1, "first day"), (DAY2, "second day")):
+        result = run(_params(store, template, ingest_date=day))
+        assert [row["text"] for row in _staged_rows(store, day)] == [text]
+        assert result.manifest.inputs[0].uri.endswith(day.strftime("%Y/%m/%d") + "/part.txt")
+
+
+@pytest.mark.parametrize("template", ["raw/{day}", "raw/{ingest_date.year}", "raw/{0}", "raw/{ingest_date"])
+def test_a_source_template_holds_only_the_ingest_date(store, template):
+    with pytest.raises(CorpusInputError, match=r"not a valid source template \(.*(ingest_date|expected)"):
+        run(_params(store, template))

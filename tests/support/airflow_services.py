@@ -1,6 +1,8 @@
 """Real Airflow 3 services for integration tests: api-server on 127.0.0.1, scheduler, dag-processor.
 
-LocalExecutor on SQLite, a small parallelism, log serving off. Processes are started and ended by PID.
+LocalExecutor on SQLite by default, a small parallelism, log serving off; ``extra_env`` overrides any of it
+(``tests/support/celery_services.py`` runs the CeleryExecutor on PostgreSQL and Redis). The harness creates the
+teacher-encoding pool the DAGs use. Processes are started and ended by PID.
 """
 
 from __future__ import annotations
@@ -36,7 +38,6 @@ class AirflowServices:
         self.airflow = str(Path(sys.executable).parent / "airflow")
         self.env = {
             **os.environ,
-            **extra_env,
             "AIRFLOW_HOME": str(home),
             "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -48,15 +49,29 @@ class AirflowServices:
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "15",
             "PYTHONPATH": str(ROOT),
             "HF_HUB_OFFLINE": "1",
+            **extra_env,
         }
         self.processes: dict[str, subprocess.Popen] = {}
         self.token = ""
 
     def start(self) -> None:
-        subprocess.run([self.airflow, "db", "migrate"], env=self.env, check=True, capture_output=True, timeout=300)
+        migrated = subprocess.run(
+            [self.airflow, "db", "migrate"], env=self.env, capture_output=True, text=True, timeout=300
+        )
+        if migrated.returncode:
+            raise RuntimeError(f"airflow db migrate failed: {(migrated.stdout + migrated.stderr)[-3000:]}")
+        self.start_services()
+        self.wait_healthy()
+        self.create_encode_pool()
+
+    def start_services(self) -> None:
         self.start_one("api-server", ["api-server", "-H", "127.0.0.1", "-p", str(self.port)])
         self.start_one("scheduler", ["scheduler", "--skip-serve-logs"])
         self.start_one("dag-processor", ["dag-processor"])
+        self.start_one("triggerer", ["triggerer", "--skip-serve-logs"])
+
+    def wait_healthy(self) -> None:
+        """Wait for the api-server's health endpoint, then log in (the simple auth manager's admin)."""
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
@@ -71,11 +86,23 @@ class AirflowServices:
             "POST", "/auth/token", {"username": "admin", "password": passwords["admin"]}, auth=False
         )["access_token"]
 
-    def start_one(self, name: str, args: list[str]) -> None:
+    def create_encode_pool(self) -> dict:
+        """The pool the teacher-encoding tasks take a slot of (``tasks.orchestration.defaults``), as a deployment
+        creates it; the services' ``HPD_ENCODE_POOL`` / ``HPD_ENCODE_POOL_SLOTS`` override the defaults."""
+        from tasks.orchestration import defaults
+
+        body = {
+            "name": self.env.get("HPD_ENCODE_POOL") or defaults.ENCODE_POOL,
+            "slots": int(self.env.get("HPD_ENCODE_POOL_SLOTS") or defaults.ENCODE_POOL_SLOTS),
+            "description": defaults.ENCODE_POOL_DESCRIPTION,
+        }
+        return self.request("POST", "/api/v2/pools", body)
+
+    def start_one(self, name: str, args: list[str], env: dict | None = None) -> None:
         with open(self.home / f"{name}.log", "ab") as log:
             self.processes[name] = subprocess.Popen(
                 [self.airflow, *args],
-                env=self.env,
+                env={**self.env, **(env or {})},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

@@ -1,0 +1,36 @@
+"""Failure alerts: Airflow's SMTP notifier, on every task that fails for good (after its retries; a failed
+quality gate fails at once), with the DAG, run, task, the error (a gate's reasons, scores and report URI) and
+the log's address. Configured by the deployment: ``HPD_ALERT_EMAIL`` (recipients, comma-separated; unset: no
+alerts), ``HPD_ALERT_FROM`` (else the connection's from address) and the SMTP connection ``HPD_SMTP_CONN_ID``
+(default ``smtp_default``, e.g. from ``AIRFLOW_CONN_SMTP_DEFAULT``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+SUBJECT = "[hpd] {{ dag.dag_id }}.{{ ti.task_id }} failed (run {{ run_id }})"
+BODY = (
+    "<p>Task <b>{{ ti.task_id }}</b> of DAG <b>{{ dag.dag_id }}</b> failed on try {{ ti.try_number }}.</p>"
+    "<ul><li>run: {{ run_id }} ({{ dag_run.run_type }})</li><li>partition: {{ dag_run.partition_key or '-' }}</li></ul>"
+    "<p><b>Error</b></p><pre>{{ exception }}</pre>"
+    '<p><a href="{{ ti.log_url }}">Task log</a></p>'
+)
+
+
+def failure_notifiers() -> list[Any]:
+    """The notifiers every task's ``on_failure_callback`` holds: none unless ``HPD_ALERT_EMAIL`` is set."""
+    recipients = [r.strip() for r in os.environ.get("HPD_ALERT_EMAIL", "").split(",") if r.strip()]
+    if not recipients:
+        return []
+    from airflow.providers.smtp.notifications.smtp import SmtpNotifier
+
+    return [
+        SmtpNotifier(
+            to=recipients,
+            from_email=os.environ.get("HPD_ALERT_FROM") or None,
+            smtp_conn_id=os.environ.get("HPD_SMTP_CONN_ID", "smtp_default"),
+            subject=SUBJECT,
+            html_content=BODY,
+        )
+    ]

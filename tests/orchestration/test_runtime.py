@@ -1,0 +1,64 @@
+from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+
+import pytest
+
+from tasks.core.manifest import Output, StageResult
+from tasks.orchestration import assets, runtime
+
+
+@dataclass
+class Event:
+    extra: dict = field(default_factory=dict)
+
+
+def test_partition_date_prefers_the_partition_key_then_the_data_interval():
+    start = datetime(2026, 11, 3, tzinfo=UTC)
+    assert runtime.partition_date({"partition_key": "2026-11-05", "data_interval_start": start}) == date(2026, 11, 5)
+    assert runtime.partition_date({"partition_key": None, "data_interval_start": start}) == date(2026, 11, 3)
+    assert runtime.partition_date({"logical_date": start}) == date(2026, 11, 3)
+
+
+def test_a_run_without_a_store_takes_the_triggering_events_store():
+    events = {assets.CORPUS_UPDATED: [Event({"store": "s3://b/old"}), Event({"store": "s3://b/new"})]}
+    assert runtime.run_params({"params": {"store": None}, "triggering_asset_events": events})["store"] == "s3://b/new"
+    named = {"params": {"store": "file:///x"}, "triggering_asset_events": events}
+    assert runtime.run_params(named)["store"] == "file:///x"
+    assert runtime.run_params({"params": {"store": None}})["store"] is None
+
+
+def test_the_model_run_comes_from_params_then_the_promotion_event():
+    events = {assets.PROMOTED_MODEL: [Event({"store": "s3://b/r", "model_run": "run-7"})]}
+    assert runtime.triggering_model_run({"params": {}, "triggering_asset_events": events}) == "run-7"
+    assert runtime.triggering_model_run({"params": {"model_run": "mine"}, "triggering_asset_events": events}) == "mine"
+    assert runtime.triggering_model_run({"params": {}}) is None
+
+
+def _validated(passed: bool) -> StageResult:
+    stats = {
+        "sts": {"student": {"STS-B test": 61.234, "SICK-R test": 58.0}},
+        "gate": {
+            "passed": passed,
+            "reasons": ["STS-B test 61.23 < min_stsb 70.00"] if not passed else ["all checks passed"],
+            "reference": "baseline",
+            "reference_scores": {"STS-B test": 80.41, "SICK-R test": 78.03},
+        },
+    }
+    outputs = (Output("file:///s/validation/m/f/metrics.json", "0" * 64, None, 1),)
+    outputs += (Output("file:///s/validation/m/f/report.html", "1" * 64, None, 1),)
+    return StageResult("file:///s/manifests/validate/m.json", False, stats, outputs)
+
+
+def test_a_failed_gate_fails_the_task_with_reasons_scores_and_report():
+    with pytest.raises(runtime.QualityGateFailed) as failed:
+        runtime.gate_verdict(_validated(passed=False))
+    message = str(failed.value)
+    assert "STS-B test 61.23 < min_stsb 70.00" in message
+    assert "STS-B test 61.23, SICK-R test 58.00" in message and "baseline: STS-B test 80.41" in message
+    assert "Nothing was promoted" in message and message.endswith("file:///s/validation/m/f/report.html")
+
+
+def test_a_passed_gate_returns_the_decision_and_the_report():
+    verdict = runtime.gate_verdict(_validated(passed=True))
+    assert verdict["passed"] and verdict["report"] == "file:///s/validation/m/f/report.html"
+    assert verdict["scores"]["STS-B test"] == 61.234
