@@ -724,10 +724,56 @@ def _read_s3_hashing(uri: str, digest: Any) -> bytes:
 
 def _read_verified(uri: str, sha256: str) -> Any:
     """The object's bytes (bytes or an Arrow buffer) once they hash to ``sha256``; else IntegrityError."""
-    backend = _backend(uri)
+    if not isinstance(_backend(uri), _Local):
+        digest = hashlib.sha256()
+        data = _read_s3_hashing(uri, digest)
+        _check_digest(uri, sha256, digest.hexdigest())
+        return data
+    version = _local_version(uri)
+    if _seen_verified(uri, sha256, version):
+        return _reread_verified(uri, sha256, version, _read_local_hashing(uri, None))
     digest = hashlib.sha256()
-    data = _read_local_hashing(uri, digest) if isinstance(backend, _Local) else _read_s3_hashing(uri, digest)
+    data = _read_local_hashing(uri, digest)
     _check_digest(uri, sha256, digest.hexdigest())
+    _remember_verified(uri, sha256, version)
+    return data
+
+
+# Local files this process has hashed to their recorded sha256, with the version they had then (size, mtime,
+# inode, device): a re-read of the same unchanged version (fit-pca reads each shard twice) is not hashed again.
+# Any change of the file, or another expected sha256, is hashed in full; a file that changes while it is
+# re-read is hashed from the bytes read. As git does with its index, a file modified within the last
+# _RACY_NS is never remembered: the file system's clock may not tick between two writes that close.
+_VERIFIED_LOCAL: dict[str, tuple[str, tuple[int, ...]]] = {}
+_VERIFIED_LOCAL_MAX = 100_000
+_RACY_NS = 2_000_000_000
+
+
+def _local_version(uri: str) -> tuple[int, ...]:
+    try:
+        st = os.stat(_local_path(uri))
+    except OSError as exc:
+        raise _BACKENDS["file"]._fail(uri, exc) from exc
+    return (st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev)
+
+
+def _seen_verified(uri: str, sha256: str, version: tuple[int, ...]) -> bool:
+    return _VERIFIED_LOCAL.get(uri) == (sha256.lower(), version)
+
+
+def _remember_verified(uri: str, sha256: str, version: tuple[int, ...]) -> None:
+    if _local_version(uri) != version or time.time_ns() - version[1] < _RACY_NS:
+        return  # changed while it was read, or too recently to tell a later change by its mtime
+    if len(_VERIFIED_LOCAL) >= _VERIFIED_LOCAL_MAX:
+        _VERIFIED_LOCAL.clear()
+    _VERIFIED_LOCAL[uri] = (sha256.lower(), version)
+
+
+def _reread_verified(uri: str, sha256: str, version: tuple[int, ...], data: Any) -> Any:
+    """``data``, re-read from a file verified before at ``version``: hashed only if the file changed meanwhile."""
+    if _local_version(uri) != version:
+        _VERIFIED_LOCAL.pop(uri, None)
+        _check_digest(uri, sha256, hashlib.sha256(memoryview(data)).hexdigest())
     return data
 
 
@@ -743,7 +789,10 @@ def _read_parquet_verified(uri: str, columns: list[str] | None, sha256: str) -> 
     Arrow's decoding already uses the cores) and S3 objects are hashed as they are read, before parsing."""
     if not isinstance(_backend(uri), _Local) or size(uri) < _PARALLEL_VERIFY_BYTES:
         return _parse_parquet(uri, _read_verified(uri, sha256), columns)
+    version = _local_version(uri)
     data = _read_local_hashing(uri, None)
+    if _seen_verified(uri, sha256, version):
+        return _parse_parquet(uri, _reread_verified(uri, sha256, version, data), columns)
     digest = hashlib.sha256()
     hasher = threading.Thread(target=digest.update, args=(memoryview(data),), name="hpd-verify")
     hasher.start()
@@ -752,6 +801,7 @@ def _read_parquet_verified(uri: str, columns: list[str] | None, sha256: str) -> 
     finally:
         hasher.join()
         _check_digest(uri, sha256, digest.hexdigest())
+    _remember_verified(uri, sha256, version)
     return table
 
 

@@ -207,6 +207,54 @@ def test_verified_parquet_read_hashes_the_whole_object_before_parsing(
         storage.read_parquet(uri, columns=["id"], sha256=recorded)
 
 
+@pytest.mark.parametrize("parallel", [False, True], ids=["hashed-while-read", "hashed-beside-the-parse"])
+def test_a_local_file_verified_once_is_not_hashed_again_until_it_changes(
+    tmp_path: Path, parallel: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if parallel:
+        monkeypatch.setattr(storage, "_PARALLEL_VERIFY_BYTES", 0)
+    monkeypatch.setattr(storage, "_VERIFIED_LOCAL", {})
+    hashed: list[int] = []
+    real_sha256 = hashlib.sha256
+
+    class CountingSha256:
+        def __init__(self, data: bytes = b"") -> None:
+            self._digest = real_sha256(data)
+            hashed.append(len(data))
+
+        def update(self, data: object) -> None:
+            hashed.append(len(memoryview(data)))  # type: ignore[arg-type]
+            self._digest.update(data)  # type: ignore[arg-type]
+
+        def hexdigest(self) -> str:
+            return self._digest.hexdigest()
+
+    monkeypatch.setattr(storage.hashlib, "sha256", CountingSha256)
+    uri = storage.to_uri(str(tmp_path / "t.parquet"))
+    table = pa.table({"id": list(range(1000)), "text": [f"sentence {i}" for i in range(1000)]})
+    storage.write_parquet(uri, table)
+    body = (tmp_path / "t.parquet").read_bytes()
+    recorded = real_sha256(body).hexdigest()
+    os.utime(tmp_path / "t.parquet", ns=(1_700_000_000_000_000_000,) * 2)  # written long ago
+    hashed.clear()  # (writing hashes too)
+
+    assert storage.read_parquet(uri, sha256=recorded).equals(table)
+    assert sum(hashed) == len(body)
+    assert storage.read_parquet(uri, sha256=recorded).equals(table)
+    assert storage.read_bytes(uri, sha256=recorded) == body
+    assert sum(hashed) == len(body)  # the unchanged file was not hashed again
+
+    (tmp_path / "t.parquet").write_bytes(_flip_bit(body, len(body) - 1))  # same size, a new mtime
+    with pytest.raises(storage.IntegrityError):
+        storage.read_parquet(uri, sha256=recorded)
+    fresh = storage.to_uri(str(tmp_path / "fresh.bin"))
+    storage.write_bytes(fresh, b"just written")
+    hashed.clear()
+    for _ in range(2):  # modified a moment ago: its mtime cannot vouch for it yet, so every read hashes
+        storage.read_bytes(fresh, sha256=real_sha256(b"just written").hexdigest())
+    assert hashed.count(len(b"just written")) == 2
+
+
 def test_list_is_sorted_recursive_and_scoped(store_root: str) -> None:
     names = ["a/z.bin", "a/b/c/deep.bin", "a/b/1.bin", "a/0.bin", "ab/sibling.bin", "top.bin"]
     for name in names:
