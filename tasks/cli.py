@@ -124,7 +124,31 @@ def build_parser() -> argparse.ArgumentParser:
     )
     search.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
     _add_demo_parser(sub)
+    _add_lineage_parser(sub)
     return parser
+
+
+def _add_lineage_parser(sub: Any) -> None:
+    description = (
+        "where an artifact came from: walk back from a pointer, a model run, a manifest or any published "
+        "object to the staged partitions and raw sources, verifying each object's sha256 on the way; "
+        "with --impacted, every run and artifact made from a partition or source, and whether it is promoted"
+    )
+    lineage = sub.add_parser(
+        "lineage", help="trace an artifact back to its sources, or forward", description=description
+    )
+    lineage.add_argument(
+        "target",
+        nargs="?",
+        default=None,
+        help="indexes/current.json, models/current.json, a model run, a manifest or an object: URI, path or "
+        "store-relative key (default: indexes/current.json)",
+    )
+    lineage.add_argument(
+        "--impacted", metavar="PARTITION_OR_SOURCE", help="a partition (ingest_date=YYYY-MM-DD) or a source / object"
+    )
+    lineage.add_argument("--json", action="store_true", help="print JSON instead of the tree")
+    lineage.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
 
 
 def _add_demo_parser(sub: Any) -> None:
@@ -208,6 +232,27 @@ def _search(args: dict) -> int:
     return 0
 
 
+def _lineage(args: dict) -> int:
+    from tasks.core import lineage
+
+    store = _store(args)
+    if args["target"] and args["impacted"]:
+        raise config.ConfigError("give a TARGET or --impacted PARTITION_OR_SOURCE, not both")
+    try:
+        if args["impacted"]:
+            runs = lineage.impacted(store, args["impacted"])
+            record: Any = {"impacted": args["impacted"], "runs": [run.to_dict() for run in runs]}
+            text = lineage.render_impacted(store, runs)
+        else:
+            traced = lineage.trace(store, args["target"] or lineage.Pointer.INDEX)
+            record, text = traced.to_dict(), lineage.render(traced)
+    except (ValueError, StorageError) as exc:
+        print(f"hpd: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(record, indent=2) if args["json"] else text)
+    return 0
+
+
 def _run_stage(stage: Stage, args: dict) -> int:
     force, quiet = args.pop("force"), args.pop("quiet")
     try:
@@ -257,6 +302,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _search(args)
         if command == "demo":
             return _demo(args)
+        if command == "lineage":
+            return _lineage(args)
     except config.ConfigError as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 2
