@@ -14,6 +14,7 @@ import contextlib
 import importlib
 import json
 import logging
+import re
 import sys
 import time
 import types
@@ -27,7 +28,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from tasks.core import config
-from tasks.core.catalog import Stage
+from tasks.core.catalog import RUN_NAME_PATTERN, Stage
 from tasks.core.uris import StorageError, to_uri
 from tasks.stages.params import PARAMS
 
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     search.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
     _add_demo_parser(sub)
     _add_lineage_parser(sub)
+    _add_runs_parser(sub)
     return parser
 
 
@@ -149,6 +151,39 @@ def _add_lineage_parser(sub: Any) -> None:
     )
     lineage.add_argument("--json", action="store_true", help="print JSON instead of the tree")
     lineage.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
+
+
+def _add_runs_parser(sub: Any) -> None:
+    runs = sub.add_parser(
+        "runs",
+        help="list model runs, or compare two",
+        description="model runs (distill, with their validation) as their manifests record them",
+    )
+    actions = runs.add_subparsers(dest="action", required=True)
+    listing = actions.add_parser(
+        "list",
+        help="every model run, newest first",
+        description="every model run, newest first: created, input partitions, the student's STS-B and SICK-R "
+        "test scores, the gate decision (passed, failed, not validated, stale) and * on the promoted one",
+    )
+    comparing = actions.add_parser(
+        "compare",
+        help="two model runs side by side",
+        description="two model runs side by side: params, input partitions, STS, fidelity and retrieval metrics, "
+        "the gate and its margins, durations; * marks the rows that differ",
+    )
+    comparing.add_argument("a", type=_run_name, metavar="A", help="a model run (distill run name)")
+    comparing.add_argument("b", type=_run_name, metavar="B", help="the model run to compare it with")
+    for parser in (listing, comparing):
+        parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+        parser.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
+
+
+def _run_name(text: str) -> str:
+    """An argparse type: a model run's name (one path segment, :data:`catalog.RUN_NAME_PATTERN`)."""
+    if not re.fullmatch(RUN_NAME_PATTERN, text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a run name (letters, digits and _ . = -)")
+    return text
 
 
 def _add_demo_parser(sub: Any) -> None:
@@ -253,6 +288,25 @@ def _lineage(args: dict) -> int:
     return 0
 
 
+def _runs(args: dict) -> int:
+    from tasks.core import runs
+
+    store = _store(args)
+    try:
+        if args["action"] == "compare":
+            comparison = runs.compare(store, args["a"], args["b"])
+            record: Any = comparison.to_dict()
+            text = runs.render_comparison(comparison)
+        else:
+            found = runs.list_runs(store)
+            record, text = [run.to_dict() for run in found], runs.render_list(found)
+    except (ValueError, StorageError) as exc:
+        print(f"hpd: error: {exc}", file=sys.stderr)
+        return 1
+    print(json.dumps(record, indent=2) if args["json"] else text)
+    return 0
+
+
 def _run_stage(stage: Stage, args: dict) -> int:
     force, quiet = args.pop("force"), args.pop("quiet")
     try:
@@ -304,6 +358,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _demo(args)
         if command == "lineage":
             return _lineage(args)
+        if command == "runs":
+            return _runs(args)
     except config.ConfigError as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 2

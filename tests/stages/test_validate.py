@@ -39,11 +39,22 @@ def test_first_run_compares_with_the_baseline_and_promotes(store, tmp_path, capl
     assert all(-100 <= v <= 100 for row in stats["sts"].values() for v in row.values())
     assert 0 <= stats["retrieval"]["recall_at_10_vs_teacher"] <= 1 and 0 < stats["retrieval"]["mrr_stsb_ge4"] <= 1
     assert stats["fidelity"]["val_mse"] > 0
+    baseline = stats["sts"]["baseline (base model + PCA)"]
     assert stats["gate"] == {
         "passed": True,
         "reasons": ["all checks passed"],
         "reference": "baseline",
-        "reference_scores": {k: stats["sts"]["baseline (base model + PCA)"][k] for k in validate.GATED},
+        "reference_scores": {k: baseline[k] for k in validate.GATED},
+        "rules": [  # max_regression 100: each score may fall 100 points below the baseline's
+            {
+                "score": k,
+                "rule": "regression",
+                "value": stats["sts"]["student"][k],
+                "threshold": round(baseline[k] - 100, 4),
+                "passed": True,
+            }
+            for k in validate.GATED
+        ],
     }
     current = json.loads(storage.read_bytes(catalog.pointer_uri(store, Pointer.MODEL)))
     assert current["model_run"] == "good" and current["scores"] == stats["sts"]["student"]

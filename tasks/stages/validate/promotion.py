@@ -30,13 +30,17 @@ def reference(promoted: catalog.ModelPointer | None, sts_table: dict[str, dict[s
 def decide(scores: dict, reference_scores: dict, reference_name: str, params: ValidateParams) -> dict:
     """The promotion decision: minima and no regression beyond the margin, with every reason; each rule's
     value, threshold and outcome is logged, and the decision."""
-    reasons = []
+    reasons, rules = [], []
     for name, minimum in zip(GATED, (params.min_stsb, params.min_sickr), strict=True):
         score = scores[name]
         for threshold, rule, failure in _rules(name, score, minimum, reference_scores[name], reference_name, params):
             failed = score < threshold
             log.info(
                 "gate %s: %.2f, threshold %.2f (%s): %s", name, score, threshold, rule, "FAIL" if failed else "pass"
+            )
+            kind = "minimum" if rule == "minimum" else "regression"
+            rules.append(
+                {"score": name, "rule": kind, "value": score, "threshold": round(threshold, 4), "passed": not failed}
             )
             if failed:
                 reasons.append(failure)
@@ -45,6 +49,7 @@ def decide(scores: dict, reference_scores: dict, reference_name: str, params: Va
         "reasons": reasons or ["all checks passed"],
         "reference": reference_name,
         "reference_scores": {n: reference_scores[n] for n in GATED},
+        "rules": rules,
     }
     log.info("gate %s: %s", "passed" if not reasons else "failed", "; ".join(decision["reasons"]))
     return decision
