@@ -119,7 +119,7 @@ class DistillParams(StageParams):
     threads: int | None = Field(None, gt=0)
     val_fraction: float = Field(0.02, gt=0, lt=1)
     val_max_rows: int = Field(2000, gt=0)
-    eval_every: int = Field(100, gt=0)
+    eval_every: int | None = Field(None, gt=0, description="validate every N steps (default: about 20 times a run)")
     patience: int | None = Field(None, gt=0, description="evaluations without improvement before stopping")
     checkpoint_every: int = Field(200, gt=0)
     seed: int = 0

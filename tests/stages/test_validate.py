@@ -1,7 +1,10 @@
+import html
 import json
 import logging
+import re
 from datetime import date
 
+import numpy as np
 import pytest
 
 from tasks.core import catalog, config, storage
@@ -126,7 +129,6 @@ def test_unknown_model_run(store):
 def test_report_renders_offline_in_headless_chromium(store, tmp_path):
     import subprocess
 
-    import numpy as np
     from PIL import Image
 
     from tasks.core import manifest
@@ -168,3 +170,63 @@ def test_report_renders_offline_in_headless_chromium(store, tmp_path):
     assert dom.count("<table") >= 3 and dom.count('src="data:image/png;base64,') == 4
     assert "Quality gate" in dom and "STS-B test" in dom and "Lineage" in dom
     assert dom.count(">5/5<") == 2 and ">4/4<" in dom  # the sentences shards' and embeddings' suites all passed
+    text = _visible_text(dom)
+    assert f"model run good validated {result.manifest.document['started_at'][:10]}" in text
+    assert f"code version {manifest.code_version()} trained on partitions {DAY} teacher {teacher}" in text
+    assert f"PCA {PCA_NAME}" in text and dom.count("<tr><td>STS-B test</td><td>no regression below the") == 1
+    assert _LONG_DECIMALS.findall(text) == []
+    evals = json.loads(storage.read_bytes(manifest.read(store, "distill", "good").output_named("metrics.json").uri))
+    assert len(evals["evals"]) >= 10  # eval_every unset: about 20 validations a run, a curve to read
+
+
+_LONG_DECIMALS = re.compile(r"\d\.\d{5,}")
+
+
+def _visible_text(page: str) -> str:
+    """The page's text as a reader sees it, whitespace collapsed (style and script left out)."""
+    body = re.sub(r"<(style|script)[^>]*>.*?</\1>", " ", page, flags=re.S)
+    return " ".join(html.unescape(re.sub(r"<[^>]+>", " ", body)).split())
+
+
+def test_report_shows_the_header_the_rules_and_a_student_below_its_baseline():
+    from tasks.stages.validate.promotion import BASELINE
+    from tasks.stages.validate.report import render
+
+    sts = {
+        "teacher": {"STS-B test": 83.4213, "SICK-R test": 80.49},
+        "student": {"STS-B test": 79.94, "SICK-R test": 78.09},
+        BASELINE: {"STS-B test": 80.41, "SICK-R test": 78.03},
+    }
+    params = config.parse(validate.ValidateParams, {"model_run": "demo", "min_stsb": 75, "max_regression": 1.0})
+    gate = validate.promotion.decide(sts["student"], sts[BASELINE], "baseline", params)
+    assert gate["passed"]
+    report = {
+        "sts": sts,
+        "fidelity": {"step": 61, "val_cosine": 0.822431004619779, "val_mse": 0.0019431913067888857},
+        "retrieval": {"recall_at_10_vs_teacher": 0.4966, "corpus_sample": 2000},
+        "gate": gate,
+    }
+    rng = np.random.default_rng(0)
+    plots = {
+        "explained_variance_ratio": np.full(8, 0.1),
+        "losses": [(s, 0.002 - s * 1e-5) for s in range(1, 41)],
+        "evals": [{"step": s, "val_mse": 0.0021 - s * 1e-5} for s in range(0, 41, 4)],
+        "sts_scatter": (rng.random(50), rng.random(50) * 5),
+        "norms": {"teacher": np.ones(200), "student": rng.normal(4, 0.3, 200)},
+    }
+    header = [("model run", "demo"), ("validated", "2026-11-30 15:20 UTC"), ("code version", "git:abc")]
+    page = render("Validation of demo", report, plots, [], [], header)
+    text = _visible_text(page)
+    assert "model run demo validated 2026-11-30 15:20 UTC code version git:abc" in text
+    assert "Quality gate: passed" in text and "all checks passed" not in text
+    assert (
+        "Warning: the student is below its same-size baseline by 0.47 points on STS-B test (79.94 against 80.41)."
+    ) in text and "on SICK-R test" not in text  # 78.09 is above the baseline's 78.03
+    assert "score rule threshold value margin result" in text
+    assert "STS-B test minimum 75.00 79.94 +4.94 pass" in text
+    assert "STS-B test no regression below the baseline 79.41 79.94 +0.53 pass" in text
+    assert "SICK-R test no regression below the baseline 77.03 78.09 +1.06 pass" in text
+    assert "student 79.94 ▼ 78.09" in text and "teacher 83.42 80.49" in text
+    assert "fidelity val_cosine 0.8224 fidelity val_mse 1.943e-03" in text
+    assert _LONG_DECIMALS.findall(text) == [] and _LONG_DECIMALS.findall(page.split("<body>")[1]) == []
+    assert page.count('src="data:image/png;base64,') == 4

@@ -31,6 +31,7 @@ from tasks.stages.params import DistillParams
 
 log = logging.getLogger(__name__)
 _FOLLOWER_LOG = logging.getLogger(f"{__name__}.follower")  # ranks other than 0: their warnings only
+EVALUATIONS = 20  # validations a run makes when eval_every is not set
 _FOLLOWER_LOG.setLevel(logging.WARNING)
 
 
@@ -51,6 +52,7 @@ class Trainer:
         self.amp = {"auto": "bf16" if device == "cuda" else "off"}.get(params.amp, params.amp)
         steps_per_epoch = math.ceil(data.train_rows / params.batch_size)
         self.total_steps = min(params.max_steps or math.inf, params.epochs * steps_per_epoch)
+        self.eval_every = params.eval_every or max(1, math.ceil(self.total_steps / EVALUATIONS))
         self.optim = Optimization(self.model, params, self.total_steps, self.amp)
         self.ddp = self.model  # wrapped in DDP once initialised or restored: see train()
         self.best_weights: dict | None = None
@@ -121,7 +123,7 @@ class Trainer:
         state.losses.append((state.step, loss))
         _report(self, reporter, len(batch.texts), loss)
         last = state.step >= self.total_steps
-        if state.step % self.params.eval_every == 0 or last:
+        if state.step % self.eval_every == 0 or last:
             self._evaluate()
         if state.step % self.params.checkpoint_every == 0 and not last:
             self._save_checkpoint()

@@ -5,28 +5,30 @@ from __future__ import annotations
 import base64
 import html
 import io
-import json
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from tasks.core.manifest import Input
+from tasks.stages.validate.report_parts import below_baseline, gate_section, header_table, metric, score
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2rem;max-width:70rem;color:#222}
 table{border-collapse:collapse;margin:1rem 0}td,th{border:1px solid #bbb;padding:.3rem .6rem;text-align:right}
 th{background:#eef}td:first-child,th:first-child{text-align:left}.pass{color:#070;font-weight:bold}
-.fail{color:#a00;font-weight:bold}figure{display:inline-block;margin:.5rem}code{font-size:.85em}"""
+.fail{color:#a00;font-weight:bold}figure{display:inline-block;margin:.5rem}code{font-size:.85em}
+.warn{color:#8a4b00;background:#fff3d6;border-left:4px solid #e0a000;padding:.3rem .6rem;font-weight:bold}
+td.below{background:#fff3d6}#run th{text-align:left}"""
 
 
-def _png(draw) -> str:
-    """An inline <img> of the matplotlib figure ``draw(axes)`` paints."""
+def _png(draw, panels: int = 1) -> str:
+    """An inline <img> of the matplotlib figure ``draw(axes)`` paints (an array of axes when ``panels`` > 1)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axes = plt.subplots(figsize=(5, 3.4), dpi=90)
+    figure, axes = plt.subplots(1, panels, figsize=(5 + 2.5 * (panels - 1), 3.4), dpi=90)
     draw(axes)
     figure.tight_layout()
     buffer = io.BytesIO()
@@ -41,40 +43,53 @@ def _table(header: list[str], rows: list[list]) -> str:
     return f"<table><tr>{head}</tr>{body}</table>"
 
 
-def render(title: str, report: dict, plots: dict, lineage: list[Input], quality: list[dict]) -> str:
+def render(
+    title: str, report: dict, plots: dict, lineage: list[Input], quality: list[dict], header: list[tuple[str, str]]
+) -> str:
     """HTML for a validation run. ``plots`` holds ``explained_variance_ratio``, ``losses`` [(step, loss)],
-    ``evals`` [{step, val_mse}], ``sts_scatter`` (predicted, gold) and ``norms`` {name: array}."""
-    sts = report["sts"]
-    sets = list(next(iter(sts.values())))
+    ``evals`` [{step, val_mse}], ``sts_scatter`` (predicted, gold) and ``norms`` {name: array}; ``header``
+    the (label, value) rows naming the run. Numbers are rounded; metrics.json keeps them unrounded."""
     fidelity = report.get("fidelity") or {}
-    measured = [[f"fidelity {k}", v] for k, v in fidelity.items()]
-    measured += [[f"retrieval {k}", v] for k, v in report["retrieval"].items()]
+    measured = [[f"fidelity {k}", metric(v)] for k, v in fidelity.items()]
+    measured += [[f"retrieval {k}", metric(v)] for k, v in report["retrieval"].items()]
     sections = [
         f"<h1>{html.escape(title)}</h1>",
-        _verdict(report["gate"]),
+        header_table(header),
+        "<h2>Quality gate</h2>",
+        gate_section(report["gate"], report["sts"]),
         "<h2>STS (Spearman ×100 of cosine similarity)</h2>",
-        _table(["model", *sets], [[name, *(row[s] for s in sets)] for name, row in sts.items()]),
+        _sts_table(report["sts"]),
         "<h2>Distillation fidelity and retrieval</h2>",
         _table(["metric", "value"], measured),
         "<h2>Plots</h2>",
         "".join(
-            f"<figure>{_png(draw)}<figcaption>{html.escape(caption)}</figcaption></figure>"
-            for caption, draw in _figures(plots)
+            f"<figure>{_png(draw, panels)}<figcaption>{html.escape(caption)}</figcaption></figure>"
+            for caption, draw, panels in _figures(plots)
         ),
         "<h2>Data quality (great-expectations)</h2>",
         _quality_table(quality),
         "<h2>Lineage</h2>",
-        _table(["input", "sha256", "rows"], [[i.uri, i.sha256[:16], i.rows] for i in lineage]),
-        f"<details><summary>Raw metrics</summary><pre>{html.escape(json.dumps(report, indent=2))}</pre></details>",
+        _table(["input", "sha256", "rows"], [[i.uri, i.sha256[:16], metric(i.rows)] for i in lineage]),
+        "<p>Unrounded values: <code>metrics.json</code>, next to this report.</p>",
     ]
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>{STYLE}</style></head><body>{"".join(sections)}</body></html>"""
 
 
-def _verdict(gate: dict) -> str:
-    outcome = "pass" if gate["passed"] else "fail"
-    reasons = "".join(f"<li>{html.escape(r)}</li>" for r in gate["reasons"])
-    return f'<p class="{outcome}">Quality gate: {"passed" if gate["passed"] else "failed"}</p><ul>{reasons}</ul>'
+def _sts_table(sts: dict[str, dict[str, float]]) -> str:
+    """Scores to 2 decimals; the student's cells below its same-size baseline are shaded and titled so."""
+    sets = list(next(iter(sts.values())))
+    below = below_baseline(sts)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in ["model", *sets])
+    rows = ""
+    for name, row in sts.items():
+        cells = ""
+        for s in sets:
+            marked = name == "student" and s in below
+            attributes = ' class="below" title="below its same-size baseline"' if marked else ""
+            cells += f"<td{attributes}>{score(row[s])}{' ▼' if marked else ''}</td>"
+        rows += f"<tr><td>{html.escape(name)}</td>{cells}</tr>"
+    return f"<table><tr>{head}</tr>{rows}</table>"
 
 
 def _quality_table(quality: list[dict]) -> str:
@@ -87,12 +102,10 @@ def _quality_table(quality: list[dict]) -> str:
     return _table(["shard", "suite", "rows", "expectations passed"], rows)
 
 
-def _figures(plots: dict) -> list[tuple[str, Callable[[Any], None]]]:
-    """(caption, painter) of each plot."""
+def _figures(plots: dict) -> list[tuple[str, Callable[[Any], None], int]]:
+    """(caption, painter, panels) of each plot."""
     ratio = np.cumsum(plots["explained_variance_ratio"])
-    norms = plots["norms"]
-    all_norms = np.concatenate([np.asarray(v, dtype=np.float64) for v in norms.values()])
-    edges = np.linspace(all_norms.min() - 0.01, all_norms.max() + 0.01, 41)  # also for (near-)constant norms
+    norms = {name: np.asarray(v, dtype=np.float64) for name, v in plots["norms"].items()}
 
     def variance(ax: Any) -> None:
         ax.plot(np.arange(1, len(ratio) + 1), ratio)
@@ -109,15 +122,17 @@ def _figures(plots: dict) -> list[tuple[str, Callable[[Any], None]]]:
         ax.scatter(plots["sts_scatter"][1], plots["sts_scatter"][0], s=4, alpha=0.4)
         ax.set(xlabel="gold score", ylabel="cosine")
 
-    def histogram(ax: Any) -> None:
-        for name, values in norms.items():
-            ax.hist(values, bins=edges, alpha=0.5, label=name)
-        ax.set(xlabel="L2 norm")
-        ax.legend()
+    def histogram(axes: Any) -> None:  # one panel per model, own bins and counts: neither hides the other
+        for ax, (name, values) in zip(np.atleast_1d(axes), norms.items(), strict=True):
+            low, high = values.min(), values.max()
+            pad = max(0.01, 0.02 * (high - low))  # also for (near-)constant norms
+            ax.hist(values, bins=np.linspace(low - pad, high + pad, 31), color=f"C{list(norms).index(name)}")
+            ax.set(xlabel="L2 norm", title=f"{name}: mean {values.mean():.3f}, sd {values.std():.3f}")
+            ax.title.set_fontsize(9)
 
     return [
-        ("PCA explained variance (cumulative)", variance),
-        ("Training and validation loss", losses),
-        ("STS-B test: student cosine against gold", scatter),
-        ("Embedding norms", histogram),
+        ("PCA explained variance (cumulative)", variance, 1),
+        ("Training and validation loss", losses, 1),
+        ("STS-B test: student cosine against gold", scatter, 1),
+        ("Embedding norms (L2) of the corpus sample", histogram, len(norms)),
     ]

@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 def run(params: ValidateParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Measure the student of ``params.model_run``, apply the gate, promote on success."""
     from tasks.stages.validate.report import render
+    from tasks.stages.validate.report_parts import run_header
 
     distilled = manifest.read(params.store, Stage.DISTILL, params.model_run)
     if distilled is None:
@@ -52,6 +53,7 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
         measured.plots,
         [*stage_run.inputs, *distilled.inputs],
         scoring.quality_results(params.store),
+        run_header(params.store, distilled, stage_run.started_at),
     )
     prefix = catalog.validation_prefix(params.store, params.model_run, stage_run.fingerprint)
     stage_run.write_output(storage.join(prefix, "metrics.json"), json.dumps(report, indent=2).encode())

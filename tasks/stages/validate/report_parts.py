@@ -1,0 +1,97 @@
+"""Parts of the validation report: the run header, the quality gate's rules and warnings, number formats.
+
+Every number the report shows goes through :func:`score` (STS scores, thresholds, margins: 2 decimals)
+or :func:`metric` (everything else: 4 significant digits, never more than 4 decimals)."""
+
+from __future__ import annotations
+
+import html
+from datetime import datetime
+from typing import Any
+
+from tasks.core import catalog, lineage, manifest
+from tasks.stages.validate.promotion import BASELINE, GATED
+
+
+def score(value: float) -> str:
+    """An STS score (Spearman x100), threshold or margin: 2 decimals."""
+    return f"{value:.2f}"
+
+
+def metric(value: Any) -> str:
+    """A measured value: integers as they are, floats to 4 significant digits (scientific below 0.01)."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return "–" if value is None else str(value)
+    if value != 0 and abs(value) < 0.01:
+        return f"{value:.3e}"
+    return f"{value:.4f}" if abs(value) < 1 else f"{value:.4g}" if abs(value) < 1000 else f"{value:.0f}"
+
+
+def when(timestamp: str | None) -> str:
+    """An ISO timestamp as ``YYYY-MM-DD HH:MM UTC`` (minutes are enough to tell runs apart)."""
+    if not timestamp:
+        return "–"
+    return datetime.fromisoformat(timestamp).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def run_header(store: str, distilled: manifest.Manifest, validated_at: str) -> list[tuple[str, str]]:
+    """(label, value) rows naming what was validated: the model run, when, by which code, from which inputs."""
+    params = distilled.params
+    partitions = lineage.partitions_in(catalog.store_key(store, i.uri) or i.uri for i in distilled.inputs)
+    layers = params.get("student_layers")
+    return [
+        ("model run", distilled.key),
+        ("validated", when(validated_at)),
+        ("trained", when(distilled.document.get("ended_at"))),
+        ("code version", manifest.code_version()),
+        ("trained on partitions", ", ".join(str(d) for d in sorted(partitions)) or "–"),
+        ("teacher", str(params.get("teacher"))),
+        ("student", str(params.get("student")) + (f" (first {layers} layers)" if layers else "")),
+        ("PCA", str(params.get("pca_name"))),
+    ]
+
+
+def header_table(rows: list[tuple[str, str]]) -> str:
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f'<table id="run">{body}</table>'
+
+
+def below_baseline(sts: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Gated pair set -> points by which the student falls below its same-size baseline (where it does)."""
+    student, baseline = sts.get("student", {}), sts.get(BASELINE, {})
+    return {s: baseline[s] - student[s] for s in GATED if s in student and s in baseline and student[s] < baseline[s]}
+
+
+def gate_section(gate: dict, sts: dict[str, dict[str, float]]) -> str:
+    """The verdict, a warning for each gated score below the same-size baseline, and the table of rules."""
+    below = below_baseline(sts)
+    if gate["passed"]:
+        verdict = '<p class="pass">Quality gate: passed (every rule met)</p>'
+    else:
+        reasons = "".join(f"<li>{html.escape(r)}</li>" for r in gate["reasons"])
+        verdict = f'<p class="fail">Quality gate: failed</p><ul>{reasons}</ul>'
+    warnings = "".join(
+        f'<p class="warn">Warning: the student is below its same-size baseline by {score(points)} points on '
+        f"{html.escape(name)} ({score(sts['student'][name])} against {score(sts[BASELINE][name])}).</p>"
+        for name, points in below.items()
+    )
+    return verdict + warnings + _rules_table(gate)
+
+
+def _rules_table(gate: dict) -> str:
+    rules = gate.get("rules")
+    if not rules:
+        return "<p>No rule details recorded.</p>"
+    reference = html.escape(gate.get("reference", "reference"))
+    head = "".join(f"<th>{h}</th>" for h in ("score", "rule", "threshold", "value", "margin", "result"))
+    body = ""
+    for rule in rules:
+        what = "minimum" if rule["rule"] == "minimum" else f"no regression below the {reference}"
+        outcome = "pass" if rule["passed"] else "fail"
+        cells = [score(rule["threshold"]), score(rule["value"]), f"{rule['value'] - rule['threshold']:+.2f}"]
+        body += (
+            f"<tr><td>{html.escape(rule['score'])}</td><td>{what}</td>"
+            + "".join(f"<td>{c}</td>" for c in cells)
+            + f'<td class="{outcome}">{outcome}</td></tr>'
+        )
+    return f'<table id="gate-rules"><tr>{head}</tr>{body}</table>'
