@@ -124,10 +124,41 @@ def build_parser() -> argparse.ArgumentParser:
         "-k", type=_bounded(1, MAX_HITS), default=5, help=f"how many results, 1-{MAX_HITS} (default: 5)"
     )
     search.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
+    search.add_argument(
+        "--local",
+        action="store_true",
+        help="load the index here rather than asking a running `hpd serve` ($HPD_SERVE_URL, else "
+        "http://127.0.0.1:8765; used only when it serves the same store)",
+    )
+    _add_serve_parser(sub)
     _add_demo_parser(sub)
     _add_lineage_parser(sub)
     _add_runs_parser(sub)
     return parser
+
+
+def _add_serve_parser(sub: Any) -> None:
+    description = (
+        "a long-lived HTTP search service: loads the promoted student and index once, answers GET /search?q=&k= "
+        "and POST /search {queries, k}, reports GET /health, and swaps in a newly promoted index (checked by "
+        "the etag of indexes/current.json every --poll-s seconds) without failing a request"
+    )
+    serve = sub.add_parser(
+        "serve", help="serve searches over HTTP, hot-swapping promoted indexes", description=description
+    )
+    serve.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
+    serve.add_argument("--port", type=_bounded(1, 65535), default=8765, help="port (default: 8765)")
+    serve.add_argument(
+        "--poll-s", type=_positive_seconds, default=5.0, help="seconds between pointer checks (default: 5)"
+    )
+
+
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 3600:
+        raise argparse.ArgumentTypeError(f"{value} is not within (0, 3600] seconds")
+    return value
 
 
 def _add_lineage_parser(sub: Any) -> None:
@@ -254,17 +285,31 @@ def _demo(args: dict) -> int:
 
 
 def _search(args: dict) -> int:
-    from tasks.stages import build_index
+    from tasks.serve import client
 
     store = _store(args)
+    answered = None if args["local"] else client.search(store, args["query"], args["k"])
     try:
-        hits = build_index.search(store, args["query"], args["k"])
+        hits = answered["hits"] if answered else _search_here(store, args["query"], args["k"])
     except (ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
     for hit in hits:
         print(f"{hit['rank']:>3}  {hit['score']:.4f}  {hit['text']}")
     return 0
+
+
+def _serve(args: dict) -> int:
+    from tasks.serve import app
+
+    app.serve(_store(args), host=args["host"], port=args["port"], poll_s=args["poll_s"])
+    return 0
+
+
+def _search_here(store: str, query: str, k: int) -> list[dict]:
+    from tasks.stages import build_index  # imported only here: an answer from the service needs no torch
+
+    return build_index.search(store, query, k)
 
 
 def _lineage(args: dict) -> int:
@@ -354,6 +399,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if command == "search":
             return _search(args)
+        if command == "serve":
+            return _serve(args)
         if command == "demo":
             return _demo(args)
         if command == "lineage":

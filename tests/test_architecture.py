@@ -18,6 +18,7 @@ ALLOWED = {
     "tasks.ml": ("tasks.core", "tasks.ml"),
     "tasks.stages": ("tasks.core", "tasks.ml", "tasks.stages"),
     "tasks.orchestration": ("tasks.core", "tasks.stages.params", "tasks.orchestration"),
+    "tasks.serve": ("tasks.core", "tasks.ml", "tasks.stages", "tasks.serve"),
 }
 
 

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import tempfile
+import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -296,11 +297,55 @@ def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> 
 
 def search(store: str, query: str, k: int = 5) -> list[dict]:
     """The ``k`` nearest corpus sentences to ``query`` in the current index."""
-    import faiss
+    return load_current(store).search([query], k)[0]
 
-    from tasks.ml.encoder import SentenceEncoder
 
-    pointer, _ = catalog.read_pointer(store, Pointer.INDEX)
+@dataclass(frozen=True)
+class LoadedIndex:
+    """The promoted index in memory: the student that encodes queries, the FAISS index, its id map, and the
+    pointer (and its etag) it was loaded from. Immutable once loaded: a service swaps whole instances."""
+
+    store: str
+    pointer: catalog.IndexPointer
+    etag: str | None
+    encoder: Any
+    index: Any
+    sentence_ids: list[str]
+    texts: list[str]
+    loaded_at: float
+    lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
+
+    @property
+    def index_key(self) -> str:
+        return catalog.store_key(self.store, self.pointer.index) or self.pointer.index
+
+    def search(self, queries: list[str], k: int) -> list[list[dict]]:
+        """The ``k`` nearest corpus sentences to each query. Encoding holds a lock: a fast tokenizer is
+        not safe to call from two threads at once; FAISS searches concurrently."""
+        import faiss
+
+        with self.lock:
+            vectors = self.encoder.encode(queries)
+        faiss.normalize_L2(vectors)
+        scores, rows = self.index.search(vectors, k)
+        return [
+            [
+                {
+                    "rank": rank + 1,
+                    "score": round(float(s), 4),
+                    "sentence_id": self.sentence_ids[r],
+                    "text": self.texts[r],
+                }
+                for rank, (s, r) in enumerate(zip(row_scores, row_ids, strict=True))
+                if r >= 0
+            ]
+            for row_scores, row_ids in zip(scores, rows, strict=True)
+        ]
+
+
+def current_pointer(store: str) -> tuple[catalog.IndexPointer, str | None]:
+    """The promoted index pointer and its etag, every object it names checked to lie inside ``store``."""
+    pointer, etag = catalog.read_pointer(store, Pointer.INDEX)
     where = catalog.pointer_uri(store, Pointer.INDEX)
     if pointer is None:
         raise IndexBuildError(f"{where}: no index promoted yet; run build-index")
@@ -309,21 +354,26 @@ def search(store: str, query: str, k: int = 5) -> list[dict]:
             raise IndexBuildError(f"{where} names {uris.redact(uri)}, outside the store {store}; refused")
         if not storage.exists(uri):
             raise IndexBuildError(f"{where} names {uri}, which does not exist")
+    return pointer, etag
+
+
+def load_current(store: str) -> LoadedIndex:
+    """Load the promoted index, its id map and the student that built it, checked against each other."""
+    import faiss
+
+    from tasks.ml.encoder import SentenceEncoder
+
+    pointer, etag = current_pointer(store)
     try:
         index = faiss.deserialize_index(np.frombuffer(storage.read_bytes(pointer.index), dtype=np.uint8))
     except RuntimeError as exc:  # faiss's reader refuses what is not an index it wrote
         raise IndexBuildError(f"{pointer.index}: not a FAISS index ({str(exc).strip()[-200:]})") from None
-    ids = storage.read_parquet(pointer.ids)
+    ids = storage.read_parquet(pointer.ids, columns=["sentence_id", "text"])
     with tempfile.TemporaryDirectory() as scratch:
         encoder = SentenceEncoder.load(str(student.fetch_exported(store, pointer.model_run, Path(scratch))))
-        vector = encoder.encode([query])
-    if vector.shape[1] != index.d:
-        raise IndexBuildError(f"{pointer.index}: index dimension {index.d} differs from the model's {vector.shape[1]}")
-    faiss.normalize_L2(vector)
-    scores, rows = index.search(vector, k)
-    texts, sids = ids.column("text").to_pylist(), ids.column("sentence_id").to_pylist()
-    return [
-        {"rank": rank + 1, "score": round(float(score), 4), "sentence_id": sids[row], "text": texts[row]}
-        for rank, (score, row) in enumerate(zip(scores[0], rows[0], strict=True))
-        if row >= 0
-    ]
+    if encoder.dim != index.d:
+        raise IndexBuildError(f"{pointer.index}: index dimension {index.d} differs from the model's {encoder.dim}")
+    if ids.num_rows != index.ntotal:
+        raise IndexBuildError(f"{pointer.ids}: {ids.num_rows} ids for the {index.ntotal} vectors of {pointer.index}")
+    sentence_ids, texts = ids.column("sentence_id").to_pylist(), ids.column("text").to_pylist()
+    return LoadedIndex(store, pointer, etag, encoder, index, sentence_ids, texts, time.time())

@@ -1,0 +1,80 @@
+"""The HTTP search service (FastAPI): ``GET /health``, ``GET /search?q=...&k=5`` and ``POST /search``
+with ``{"queries": [...], "k": 5}``. Every answer names the index that gave it (model run, index key, the
+pointer's etag). ``k`` is 1..:data:`MAX_K`, a batch holds at most :data:`MAX_BATCH` queries of at most
+:data:`MAX_QUERY_CHARS` characters; anything else is a 422 naming the field. 503 while no index is loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import FastAPI, HTTPException, Query
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from tasks.serve.holder import IndexHolder, describe
+from tasks.stages.build_index import LoadedIndex
+
+MAX_K = 1000  # as `hpd search -k` (tasks.cli.MAX_HITS)
+MAX_BATCH = 256
+MAX_QUERY_CHARS = 10_000
+DEFAULT_PORT = 8765
+
+QueryText = Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS)]
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    queries: list[QueryText] = Field(min_length=1, max_length=MAX_BATCH)
+    k: int = Field(default=5, ge=1, le=MAX_K)
+
+
+def _served(holder: IndexHolder) -> LoadedIndex:
+    served = holder.current  # read once: a swap during this request does not change what answers it
+    if served is None:
+        raise HTTPException(503, f"no index loaded yet: {holder.last_error or 'nothing promoted'}")
+    return served
+
+
+def create_app(holder: IndexHolder, poll: bool = True) -> FastAPI:
+    """The service over ``holder``: it loads the promoted index at start-up and, with ``poll``, checks the
+    pointer every ``holder.poll_s`` seconds for the app's lifetime."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        holder.refresh()
+        if poll:
+            holder.start()
+        try:
+            yield
+        finally:
+            holder.stop()
+
+    app = FastAPI(title="hpd search", lifespan=lifespan)
+
+    @app.get("/health")
+    def health() -> JSONResponse:
+        record = holder.health()
+        return JSONResponse(record, status_code=200 if record["status"] == "ok" else 503)
+
+    @app.get("/search")
+    def search_one(q: Annotated[QueryText, Query()], k: Annotated[int, Query(ge=1, le=MAX_K)] = 5) -> dict[str, Any]:
+        served = _served(holder)
+        return {**describe(served), "k": k, "hits": served.search([q], k)[0]}
+
+    @app.post("/search")
+    def search_batch(request: BatchRequest) -> dict[str, Any]:
+        served = _served(holder)
+        return {**describe(served), "k": request.k, "results": served.search(request.queries, request.k)}
+
+    return app
+
+
+def serve(store: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, poll_s: float = 5.0) -> None:
+    """Run the service until interrupted (uvicorn, one process)."""
+    import uvicorn
+
+    uvicorn.run(create_app(IndexHolder(store, poll_s)), host=host, port=port, log_level="info")
