@@ -47,11 +47,14 @@ def test_services_ports_and_profiles(tmp_path):
         "triggerer",
         "worker",
         "worker-gpu",
+        "search",
     } <= set(services)
     for name, service in services.items():
         for port in service.get("ports", []):
             assert port.get("host_ip") == "127.0.0.1", f"{name} publishes a port beyond loopback"
     assert services["scheduler"]["environment"]["HPD_STORE"].startswith("s3://")
+    assert services["search"]["command"][:2] == ["hpd", "serve"]
+    assert "HPD_ALERT_EMAIL" in services["scheduler"]["environment"]
 
 
 def test_the_celery_layout_of_the_live_test(tmp_path):
