@@ -20,12 +20,22 @@ def partitions_in(keys: Iterable[str]) -> set[date]:
     return {date.fromisoformat(match.group(1)) for key in keys if (match := _PARTITION.search(key))}
 
 
-def trained_partitions(store: str, model_run: str) -> set[date]:
-    """The partitions whose sentences the distill run ``model_run`` read (its manifest's inputs)."""
+def distill_manifest(store: str, model_run: str) -> manifest.Manifest:
+    """The distill manifest of ``model_run``; :class:`manifest.ManifestError` naming it when there is none."""
     distilled = manifest.read(store, Stage.DISTILL, model_run)
     if distilled is None:
         raise manifest.ManifestError(f"{catalog.manifest_uri(store, Stage.DISTILL, model_run)}: no such model run")
-    return partitions_in(catalog.store_key(store, i.uri) or i.uri for i in distilled.inputs)
+    return distilled
+
+
+def partitions_read(store: str, run: manifest.Manifest) -> set[date]:
+    """The partitions of the objects a stage run read (its manifest's inputs)."""
+    return partitions_in(catalog.store_key(store, i.uri) or i.uri for i in run.inputs)
+
+
+def trained_partitions(store: str, model_run: str) -> set[date]:
+    """The partitions whose sentences the distill run ``model_run`` read."""
+    return partitions_read(store, distill_manifest(store, model_run))
 
 
 def encoded_partitions(store: str, teacher: str) -> set[date]:

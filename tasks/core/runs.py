@@ -67,11 +67,9 @@ def read_run(store: str, name: str, promoted: str | None) -> Run:
     """The model run ``name`` of ``store`` (``promoted``: the run models/current.json names); an unknown run
     is a :class:`manifest.ManifestError` naming its distill manifest."""
     store = storage.to_uri(store)
-    distilled = manifest.read(store, Stage.DISTILL, name)
-    if distilled is None:
-        raise manifest.ManifestError(f"{catalog.manifest_uri(store, Stage.DISTILL, name)}: no such model run")
+    distilled = lineage.distill_manifest(store, name)
     gate, validation = _validation(store, name, distilled)
-    days = lineage.partitions_in(catalog.store_key(store, i.uri) or i.uri for i in distilled.inputs)
+    days = lineage.partitions_read(store, distilled)
     return Run(
         name=name,
         created=distilled.document["ended_at"],

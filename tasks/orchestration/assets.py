@@ -20,14 +20,11 @@ CORPUS_UPDATED = Asset(name="hpd_corpus_updated", uri="hpd://sentences/updated")
 PROMOTED_MODEL = Asset(name="hpd_promoted_model", uri="hpd://models/current")
 
 
-def triggering_extras(context: dict) -> list[dict[str, Any]]:
-    """The extras of the asset events that triggered this run, oldest first (none for a manual or timed run)."""
+def triggering_extra(context: dict, name: str) -> Any:
+    """Extra ``name`` of the latest asset event that triggered this run and carries it (None for a manual or
+    timed run, or when no event names it)."""
     events = context.get("triggering_asset_events") or {}
-    extras = [dict(event.extra or {}) for asset_events in events.values() for event in asset_events]
-    return extras
-
-
-def triggering_store(context: dict) -> str | None:
-    """The store named by the events that triggered this run (the latest one's), if any."""
-    stores = [extra["store"] for extra in triggering_extras(context) if extra.get("store")]
-    return stores[-1] if stores else None
+    found = [
+        event.extra[name] for asset_events in events.values() for event in asset_events if (event.extra or {}).get(name)
+    ]
+    return found[-1] if found else None

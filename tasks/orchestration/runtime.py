@@ -35,7 +35,7 @@ def partition_date(context: dict) -> date:
 def run_params(context: dict) -> dict:
     """The run's params; a run that names no store works on the store of the events that triggered it."""
     params = dict(context["params"])
-    params["store"] = params.get("store") or assets.triggering_store(context)
+    params["store"] = params.get("store") or assets.triggering_extra(context, "store")
     return params
 
 
@@ -47,6 +47,11 @@ def pick(params: dict, *names: str) -> dict[str, Any]:
 def with_store(values: dict, params: dict) -> dict:
     """Stage values plus the store from the run's params (default: ``$HPD_STORE`` / ``./var/store``)."""
     return {**values, "store": params.get("store") or config.default_store()}
+
+
+def store_of(params: dict) -> str:
+    """The run's store URI, validated (default: ``$HPD_STORE`` / ``./var/store``)."""
+    return config.parse(StageParams, with_store({}, params)).store
 
 
 def stage_params(stage: Stage, values: dict[str, Any], params: dict) -> StageParams:
@@ -72,7 +77,7 @@ def shard_groups(params: dict, day: str) -> list[list[int]]:
     """The partition's sentences shards split round-robin into ``params['shard_groups']`` non-empty groups."""
     from tasks.core import sentences
 
-    store = config.parse(StageParams, with_store({}, params)).store
+    store = store_of(params)
     count = len(sentences.shards(store, date.fromisoformat(day)))
     groups = min(params["shard_groups"], count)
     return [list(range(g, count, groups)) for g in range(groups)]
@@ -88,7 +93,7 @@ def announce_partition(context: dict, day: str) -> dict[str, Any]:
     the ingest date, and ``assets.CORPUS_UPDATED``): its store, date, row counts and staging manifest."""
     from tasks.core import manifest
 
-    store = config.parse(StageParams, with_store({}, run_params(context))).store
+    store = store_of(run_params(context))
     key = catalog.partition_key(date.fromisoformat(day))
     staged = manifest.read(store, Stage.STAGE_CORPUS, key)
     augmented = manifest.read(store, Stage.AUGMENT, key)
@@ -117,7 +122,7 @@ def has_new_data(context: dict) -> bool:
     if params.get("partitions"):
         log.info("retraining on the partitions named: %s", params["partitions"])
         return True
-    store = config.parse(StageParams, with_store({}, params)).store
+    store = store_of(params)
     new = lineage.untrained_partitions(store, params["teacher"])
     if not new:
         log.info("no new data in %s: every encoded partition is in the promoted model's training data", store)
@@ -128,7 +133,7 @@ def has_new_data(context: dict) -> bool:
 
 def announce_promotion(context: dict, model_run: str, verdict: dict[str, Any]) -> dict[str, Any]:
     """Attach the promoted model run, its store, scores and report to this task's ``assets.PROMOTED_MODEL`` event."""
-    store = config.parse(StageParams, with_store({}, run_params(context))).store
+    store = store_of(run_params(context))
     extra = {"store": store, "model_run": model_run, "scores": verdict["scores"], "report": verdict["report"]}
     context["outlet_events"][assets.PROMOTED_MODEL].extra = extra
     log.info("model run %s promoted in %s", model_run, store)
@@ -138,8 +143,7 @@ def announce_promotion(context: dict, model_run: str, verdict: dict[str, Any]) -
 def triggering_model_run(context: dict) -> str | None:
     """The model run named by the run's params, else by the promotion event that triggered it (else None:
     the promoted one)."""
-    named = [extra["model_run"] for extra in assets.triggering_extras(context) if extra.get("model_run")]
-    return context["params"].get("model_run") or (named[-1] if named else None)
+    return context["params"].get("model_run") or assets.triggering_extra(context, "model_run")
 
 
 def gate_verdict(result: StageResult) -> dict[str, Any]:

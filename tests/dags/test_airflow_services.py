@@ -9,11 +9,10 @@ import gzip
 import json
 import threading
 import time
-from datetime import date
 
 import pytest
 
-from tasks.core import catalog, manifest, storage
+from tasks.core import catalog, lineage, manifest, storage
 from tasks.core.catalog import Stage
 from tests.support.airflow_services import AirflowServices
 from tests.support.paths import REPO as ROOT
@@ -163,20 +162,14 @@ def test_new_data_retrains_and_the_promotion_rebuilds_the_index_on_the_events_st
     assert {r["state"] for r in retrains} == {"success"}, retrains
     promoted = _promoted(services.store)
     assert promoted is not None
-    distilled = manifest.read(services.store, Stage.DISTILL, promoted.model_run)
-    assert {d.isoformat() for d in _partitions_of(services.store, distilled)} == set(DAYS)
+    trained = lineage.trained_partitions(services.store, promoted.model_run)
+    assert {d.isoformat() for d in trained} == set(DAYS)
 
     index_runs = _wait_for_runs(services, "hpd_index", 1, timeout=300)
     assert {(r["run_type"], r["state"]) for r in index_runs} == {("asset_triggered", "success")}
     index = catalog.read_pointer(services.store, catalog.Pointer.INDEX)[0]
     assert index is not None and index.model_run == promoted.model_run
     assert not any(services.default_store.rglob("*.json"))
-
-
-def _partitions_of(store: str, distilled: manifest.Manifest) -> set[date]:
-    from tasks.core import lineage
-
-    return lineage.partitions_in(catalog.store_key(store, i.uri) or i.uri for i in distilled.inputs)
 
 
 def test_a_failed_gate_is_a_red_run_with_one_alert_and_no_promotion(services, sink):

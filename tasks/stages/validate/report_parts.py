@@ -9,7 +9,7 @@ import html
 from datetime import datetime
 from typing import Any
 
-from tasks.core import catalog, lineage, manifest
+from tasks.core import lineage, manifest
 from tasks.stages.validate.promotion import BASELINE, GATED
 
 
@@ -37,7 +37,7 @@ def when(timestamp: str | None) -> str:
 def run_header(store: str, distilled: manifest.Manifest, validated_at: str) -> list[tuple[str, str]]:
     """(label, value) rows naming what was validated: the model run, when, by which code, from which inputs."""
     params = distilled.params
-    partitions = lineage.partitions_in(catalog.store_key(store, i.uri) or i.uri for i in distilled.inputs)
+    partitions = lineage.partitions_read(store, distilled)
     layers = params.get("student_layers")
     return [
         ("model run", distilled.key),
