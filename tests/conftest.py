@@ -1,4 +1,5 @@
-"""Shared fixtures: an S3 endpoint (in-process moto server on 127.0.0.1), fresh buckets, store roots."""
+"""Shared fixtures: an S3 endpoint (in-process moto server on 127.0.0.1), fresh buckets, store roots; each test
+item keeps its phase reports (``item.rep_setup`` / ``rep_call``) for fixtures that act on an outcome."""
 
 from __future__ import annotations
 
@@ -21,6 +22,13 @@ _ISOLATED_ENV = (
     "AWS_REGION",
     "AWS_SESSION_TOKEN",
 )
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report
 
 
 def _serialise_moto_writes() -> None:

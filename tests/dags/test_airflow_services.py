@@ -3,7 +3,8 @@ and a local SMTP sink, operated as the platform team does: a 3-day backfill of h
 (one arriving late, waited for by the deferred sensor), the events that run the quality report on each partition
 and a retrain on the new data, whose promotion rebuilds the index, on the store the events name (the services'
 own default store stays empty); a red run on a failed gate with exactly one alert; a retrain that finds no new
-data; a run that survives a killed scheduler. The tests run in order and build on each other."""
+data; a run that survives a killed scheduler. The tests run in order and build on each other: after a failure
+the rest are skipped, naming it."""
 
 import gzip
 import json
@@ -16,8 +17,13 @@ from tasks.core import catalog, lineage, manifest, storage
 from tasks.core.catalog import Stage
 from tests.support.airflow_services import AirflowServices
 from tests.support.paths import REPO as ROOT
+from tests.support.postgres import postgres_bindir
 from tests.support.smtp_sink import SmtpSink, body_text
 from tests.support.tiny_models import build_sentence_model
+
+pytestmark = pytest.mark.skipif(
+    postgres_bindir() is None, reason="no PostgreSQL server installed (make venv installs Debian's postgresql)"
+)
 
 DAYS = ("2026-11-01", "2026-11-02", "2026-11-03")
 LATE_DAY = DAYS[-1]
@@ -63,11 +69,11 @@ def services(tmp_path_factory, sink):
             "AIRFLOW_CONN_SMTP_DEFAULT": sink.connection_uri(),
         },
     )
-    running.start()
     running.home, running.inputs = home, inputs
     running.store = storage.to_uri(str(home / "store"))
     running.default_store = home / "default-store"
     try:
+        running.start()
         for dag_id in ("hpd_ingest", "hpd_quality_report", "hpd_index", "hpd_retrain"):
             running.wait_for_dag(dag_id)
             running.request("PATCH", f"/api/v2/dags/{dag_id}", {"is_paused": False})
@@ -80,23 +86,38 @@ def _runs(services, dag_id: str) -> list[dict]:
     return sorted(services.request("GET", f"/api/v2/dags/{dag_id}/dagRuns")["dag_runs"], key=lambda r: r["run_after"])
 
 
+def _queued_events(services, dag_id: str) -> int:
+    """Asset events the scheduler holds for ``dag_id`` and has not yet made a run of."""
+    return services.request("GET", f"/api/v2/dags/{dag_id}/assets/queuedEvents")["total_entries"]
+
+
 def _wait_for_runs(services, dag_id: str, count: int, timeout: float, settle_s: float = 10) -> list[dict]:
-    """The DAG's runs once at least ``count`` exist, all of them finished and no new one came for ``settle_s``."""
+    """The DAG's runs once at least ``count`` exist, all of them finished, no asset event is queued for another
+    and no new one came for ``settle_s``."""
     deadline, seen, since = time.monotonic() + timeout, -1, time.monotonic()
     while time.monotonic() < deadline:
         runs = _runs(services, dag_id)
         if len(runs) != seen:
             seen, since = len(runs), time.monotonic()
         finished = all(r["state"] in ("success", "failed") for r in runs)
-        if len(runs) >= count and finished and time.monotonic() - since >= settle_s:
+        settled = time.monotonic() - since >= settle_s and not _queued_events(services, dag_id)
+        if len(runs) >= count and finished and settled:
             return runs
+        services.check_alive()
         time.sleep(2)
-    raise AssertionError(f"{dag_id}: {[(r['dag_run_id'], r['state']) for r in _runs(services, dag_id)]}")
+    raise services.failure(f"{dag_id}: {[(r['dag_run_id'], r['state']) for r in _runs(services, dag_id)]}")
 
 
-def _task_states(services, dag_id: str, run_id: str) -> dict[str, str]:
-    path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances"
-    return {t["task_id"]: t["state"] for t in services.request("GET", path)["task_instances"]}
+@pytest.fixture(autouse=True)
+def _after_a_failure_skip_the_rest(request):
+    """The tests build on each other: once one has failed, the later ones would only wait out their timeouts."""
+    failed = getattr(request.module, "_first_failure", None)
+    if failed:
+        pytest.skip(f"builds on {failed}, which failed")
+    yield
+    report = getattr(request.node, "rep_call", None)
+    if report is None or report.failed:
+        request.module._first_failure = request.node.name
 
 
 def _trigger(services, dag_id: str, conf: dict) -> str:
@@ -135,7 +156,7 @@ def test_three_day_backfill_over_three_daily_inputs(services):
     for day in DAYS:
         assert services.wait_for_run("hpd_ingest", f"backfill__{day}T00:00:00+00:00", timeout=400) == "success"
     late_run = f"backfill__{LATE_DAY}T00:00:00+00:00"
-    assert _task_states(services, "hpd_ingest", late_run)["wait_for_source"] == "success"
+    assert services.task_states("hpd_ingest", late_run)["wait_for_source"] == "success"
     texts = {}
     for day in DAYS:
         staged = manifest.read(services.store, Stage.STAGE_CORPUS, f"ingest_date={day}")
@@ -178,7 +199,7 @@ def test_a_failed_gate_is_a_red_run_with_one_alert_and_no_promotion(services, si
     conf = {"partitions": list(DAYS), "max_steps": 2, "batch_size": 16, "amp": "off", "min_stsb": 99.0}
     run_id = _trigger(services, "hpd_retrain", conf)
     assert services.wait_for_run("hpd_retrain", run_id, timeout=600) == "failed"
-    states = _task_states(services, "hpd_retrain", run_id)
+    states = services.task_states("hpd_retrain", run_id)
     assert states["validate"] == "failed" and states["announce_promotion"] == "upstream_failed"
     assert _promoted(services.store) == before
 
@@ -198,7 +219,7 @@ def test_a_retrain_without_new_data_distils_nothing(services):
     distilled_before = manifest.list_keys(services.store, Stage.DISTILL)
     run_id = _trigger(services, "hpd_retrain", {})
     assert services.wait_for_run("hpd_retrain", run_id, timeout=300) == "success"
-    states = _task_states(services, "hpd_retrain", run_id)
+    states = services.task_states("hpd_retrain", run_id)
     assert states["new_data"] == "success"
     assert {states[t] for t in ("fit_pca", "distill", "validate", "announce_promotion")} == {"skipped"}
     assert manifest.list_keys(services.store, Stage.DISTILL) == distilled_before
@@ -217,7 +238,8 @@ def test_a_run_completes_after_the_scheduler_is_killed(services):
     path = f"/api/v2/dags/hpd_ingest/dagRuns/{run['dag_run_id']}/taskInstances"
     deadline = time.monotonic() + 120
     while not any(t["state"] == "running" for t in services.request("GET", path)["task_instances"]):
-        assert time.monotonic() < deadline, "no task started"
+        if time.monotonic() > deadline:
+            raise services.failure("no task started in 120 s", "hpd_ingest", run["dag_run_id"])
         time.sleep(0.5)
     services.kill("scheduler")
     services.start_one("scheduler", ["scheduler", "--skip-serve-logs"])

@@ -5,7 +5,6 @@ import os
 import pickle
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from tasks.stages import distill
 from tasks.stages.distill.data import DistillDataError, ShardPair, read_pair, shard_pairs
 from tests.support.paths import REPO, SUPPORT
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
+from tests.support.servers import free_port
 
 DAY = date(2026, 11, 1)
 HELPER = SUPPORT / "slow_distill.py"
@@ -194,12 +194,6 @@ def test_a_progress_line_carries_the_mean_loss_since_the_previous_one(prepared, 
     assert final.startswith("distill mean-loss: finished ") and f", step=4/4, loss={mean:.4g}, lr=" in final
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_process_ddp_matches_single_process(prepared):
     common = {"max_steps": 6, "dropout": 0.0, "init": "ridge", "batch_size": 16, "grad_accum": 2}
     single = distill.run(_params(prepared, name="single", **common))
@@ -214,7 +208,7 @@ def test_two_process_ddp_matches_single_process(prepared):
             "--nproc-per-node=2",
             "--nnodes=1",
             "--master-addr=127.0.0.1",
-            f"--master-port={_free_port()}",
+            f"--master-port={free_port()}",
             "--no-python",
             str(hpd),
             "distill",

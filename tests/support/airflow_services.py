@@ -1,8 +1,10 @@
-"""Real Airflow 3 services for integration tests: api-server on 127.0.0.1, scheduler, dag-processor.
+"""Real Airflow 3 services for integration tests: api-server on 127.0.0.1, scheduler, dag-processor, triggerer.
 
-LocalExecutor on SQLite by default, a small parallelism, log serving off; ``extra_env`` overrides any of it
-(``tests/support/celery_services.py`` runs the CeleryExecutor on PostgreSQL and Redis). The harness creates the
-teacher-encoding pool the DAGs use. Processes are started and ended by PID.
+The metadata database is a PostgreSQL server of the harness's own, as a deployment has it (SQLite's one writer
+lock stalls the services on a loaded machine); the LocalExecutor by default, a small parallelism, log serving off;
+``extra_env`` overrides any of it (``tests/support/celery_services.py`` runs the CeleryExecutor). The harness
+creates the teacher-encoding pool the DAGs use. Processes are started and ended by PID. A wait that runs out, or a
+service that exits, raises with the services' log tails and the run's task states, so a failure in CI says why.
 """
 
 from __future__ import annotations
@@ -10,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,21 +20,19 @@ import urllib.request
 from pathlib import Path
 
 from tests.support.paths import REPO as ROOT
+from tests.support.postgres import Postgres
+from tests.support.servers import free_port, log_tail, stop_group
+
+SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-# How often a REST call answered 503 "Database is locked" (SQLite under concurrent writers) is retried.
-SQLITE_LOCK_RETRIES = 5
+class ServicesFailed(RuntimeError):
+    """A wait ran out or a service exited; the message carries what the services logged."""
 
 
 class AirflowServices:
     def __init__(self, home: Path, extra_env: dict) -> None:
-        self.home, self.port = home, free_port()
+        self.home, self.port, self.postgres = home, free_port(), Postgres(home)
         self.url = f"http://127.0.0.1:{self.port}"
         self.airflow = str(Path(sys.executable).parent / "airflow")
         self.env = {
@@ -42,6 +41,7 @@ class AirflowServices:
             "AIRFLOW__CORE__DAGS_FOLDER": str(ROOT / "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.postgres.url,
             "AIRFLOW__CORE__PARALLELISM": "2",
             "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
@@ -49,12 +49,15 @@ class AirflowServices:
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "15",
             "PYTHONPATH": str(ROOT),
             "HF_HUB_OFFLINE": "1",
+            "NO_PROXY": "127.0.0.1,localhost",  # the execution API and REST calls stay on loopback
+            "no_proxy": "127.0.0.1,localhost",
             **extra_env,
         }
         self.processes: dict[str, subprocess.Popen] = {}
         self.token = ""
 
     def start(self) -> None:
+        self.postgres.start()
         migrated = subprocess.run(
             [self.airflow, "db", "migrate"], env=self.env, capture_output=True, text=True, timeout=300
         )
@@ -68,7 +71,7 @@ class AirflowServices:
         self.start_one("api-server", ["api-server", "-H", "127.0.0.1", "-p", str(self.port)])
         self.start_one("scheduler", ["scheduler", "--skip-serve-logs"])
         self.start_one("dag-processor", ["dag-processor"])
-        self.start_one("triggerer", ["triggerer", "--skip-serve-logs"])
+        self.start_one("triggerer", ["triggerer", "--skip-serve-logs"])  # for deferred tasks (hpd_ingest's sensor)
 
     def wait_healthy(self) -> None:
         """Wait for the api-server's health endpoint, then log in (the simple auth manager's admin)."""
@@ -78,9 +81,10 @@ class AirflowServices:
                 with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5):
                     break
             except (urllib.error.URLError, ConnectionError):
+                self.check_alive()
                 time.sleep(1)
         else:
-            raise RuntimeError(f"api-server on {self.url} did not answer")
+            raise self.failure(f"api-server on {self.url} did not answer")
         passwords = json.loads((self.home / "simple_auth_manager_passwords.json.generated").read_text())
         self.token = self.request(
             "POST", "/auth/token", {"username": "admin", "password": passwords["admin"]}, auth=False
@@ -116,34 +120,47 @@ class AirflowServices:
         process.wait()
 
     def stop(self) -> None:
-        for name in list(self.processes):
-            process = self.processes.pop(name)
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        try:
+            for name in list(self.processes):
+                stop_group(self.processes.pop(name))
+        finally:
+            self.postgres.stop()
+
+    def check_alive(self) -> None:
+        """Raise if a service this harness started has exited."""
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                raise self.failure(f"{name} exited with {process.returncode}")
+
+    def failure(self, what: str, dag_id: str = "", run_id: str = "") -> ServicesFailed:
+        """``what`` went wrong, with the run's task states and each service's log tail."""
+        parts = [what]
+        if run_id:
+            parts.append(f"task states of {dag_id} {run_id}: {self.task_states(dag_id, run_id)}")
+        for name in sorted({*SERVICES, *self.processes}):
+            parts.append(f"--- {name}.log (last lines) ---\n{log_tail(self.home / f'{name}.log')}")
+        return ServicesFailed("\n".join(parts))
+
+    def task_states(self, dag_id: str, run_id: str) -> dict[str, str] | str:
+        try:
+            path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances"
+            return {t["task_id"]: t["state"] for t in self.request("GET", path)["task_instances"]}
+        except (RuntimeError, OSError) as exc:
+            return f"unavailable ({exc})"
 
     def request(self, method: str, path: str, body: dict | None = None, auth: bool = True) -> dict:
-        """One REST call. Airflow answers 503 "Database is locked" while another of its processes writes the
-        SQLite metadata database (a limit of SQLite, not of the call): that answer is retried, a few times."""
+        """One REST call to the api-server."""
         headers = {"Content-Type": "application/json"}
         if auth:
             headers["Authorization"] = f"Bearer {self.token}"
         data = json.dumps(body).encode() if body is not None else None
-        for attempt in range(SQLITE_LOCK_RETRIES + 1):
-            request = urllib.request.Request(f"{self.url}{path}", data=data, headers=headers, method=method)
-            try:
-                with urllib.request.urlopen(request, timeout=30) as response:
-                    text = response.read()
-                return json.loads(text) if text else {}
-            except urllib.error.HTTPError as exc:
-                detail = exc.read()[:500]
-                if exc.code != 503 or b"Database is locked" not in detail or attempt == SQLITE_LOCK_RETRIES:
-                    raise RuntimeError(f"{method} {path}: {exc.code} {detail!r}") from None
-            time.sleep(1.0 + attempt)
-        raise AssertionError("unreachable")
+        request = urllib.request.Request(f"{self.url}{path}", data=data, headers=headers, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                text = response.read()
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(f"{method} {path}: {exc.code} {exc.read()[:500]!r}") from None
+        return json.loads(text) if text else {}
 
     def wait_for_dag(self, dag_id: str, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -152,8 +169,9 @@ class AirflowServices:
                 self.request("GET", f"/api/v2/dags/{dag_id}")
                 return
             except RuntimeError:
+                self.check_alive()
                 time.sleep(2)
-        raise RuntimeError(f"{dag_id} was not parsed in {timeout} s")
+        raise self.failure(f"{dag_id} was not parsed in {timeout} s")
 
     def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 600) -> str:
         deadline = time.monotonic() + timeout
@@ -161,5 +179,6 @@ class AirflowServices:
             state = self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}")["state"]
             if state in ("success", "failed"):
                 return state
+            self.check_alive()
             time.sleep(2)
-        raise RuntimeError(f"{dag_id} run {run_id} did not finish in {timeout} s")
+        raise self.failure(f"{dag_id} run {run_id} did not finish in {timeout} s", dag_id, run_id)

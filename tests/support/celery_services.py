@@ -1,19 +1,16 @@
-"""Distributed Airflow 3 for integration tests: the CeleryExecutor with Redis (the broker) and PostgreSQL (the
-metadata database and Celery's result backend) from Debian's packages, and Celery workers, each with its own
-Celery hostname and queues. Everything listens on 127.0.0.1 only.
+"""Distributed Airflow 3 for integration tests: the CeleryExecutor with Redis (the broker) and the harness's
+PostgreSQL (the metadata database, and Celery's result backend) from Debian's packages, and Celery workers, each
+with its own Celery hostname and queues. Everything listens on 127.0.0.1 only.
 
-PostgreSQL runs from a fresh ``initdb`` in a temp folder (its unix socket there too), as the ``postgres`` user
-when the tests run as root (the server refuses to run as root); Redis keeps nothing on disk. Every process is
-started here and stopped by its PID at teardown. :class:`ProcessTree` records which worker each process descends
-from, so a task instance's ``pid`` can be traced to the worker that ran it after the task has exited.
+Redis keeps nothing on disk. Every process is started here and stopped by its PID at teardown.
+:class:`ProcessTree` records which worker each process descends from, so a task instance's ``pid`` can be
+traced to the worker that ran it after the task has exited.
 """
 
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
-import signal
 import subprocess
 import tempfile
 import threading
@@ -21,18 +18,11 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from tests.support.airflow_services import AirflowServices, free_port
+from tests.support.airflow_services import AirflowServices
+from tests.support.postgres import postgres_bindir
+from tests.support.servers import free_port, stop_group
 
 HOSTNAME_CALLABLE = "tests.support.worker_hostname.hostname"
-
-
-def postgres_bindir() -> Path | None:
-    """The newest installed PostgreSQL server's bin folder (Debian: /usr/lib/postgresql/N/bin), else PATH's."""
-    debian = [p.parent for p in Path("/usr/lib/postgresql").glob("*/bin/postgres") if p.parts[-3].isdigit()]
-    if debian:
-        return max(debian, key=lambda bindir: int(bindir.parent.name))
-    on_path = shutil.which("postgres")
-    return Path(on_path).parent if on_path and (Path(on_path).parent / "initdb").exists() else None
 
 
 def missing_servers() -> list[str]:
@@ -41,90 +31,6 @@ def missing_servers() -> list[str]:
     if postgres_bindir() is None:
         missing.append("postgres and initdb (Debian package postgresql)")
     return missing
-
-
-def _stop(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
-    """Signal a process started here (its process group: it was started in a session of its own), then wait;
-    SIGKILL the group if it has not exited in ``timeout`` s."""
-    if process.poll() is None:
-        os.killpg(process.pid, sig)
-        try:
-            process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-
-
-class Postgres:
-    """A throwaway PostgreSQL server on 127.0.0.1 (trust authentication) holding the database ``airflow``."""
-
-    def __init__(self, log_dir: Path) -> None:
-        self.bindir, self.port, self.log = postgres_bindir(), free_port(), log_dir / "postgres.log"
-        self.dir = Path(tempfile.mkdtemp(prefix="hpd-postgres-"))  # readable by the server user, unlike pytest's
-        self.process: subprocess.Popen | None = None
-        self.url = f"postgresql+psycopg2://airflow@127.0.0.1:{self.port}/airflow"
-
-    def _as_server_user(self, args: list[str]) -> list[str]:
-        if os.geteuid() != 0:
-            return args
-        user = "postgres" if "postgres" in {u.pw_name for u in pwd.getpwall()} else "nobody"
-        shutil.chown(self.dir, user)
-        return ["runuser", "-u", user, "--", *args]
-
-    def start(self) -> None:
-        data = str(self.dir / "data")
-        initdb = [str(self.bindir / "initdb"), "-D", data, "-U", "airflow", "--auth=trust", "-E", "UTF8", "--no-sync"]
-        subprocess.run(self._as_server_user(initdb), check=True, capture_output=True, timeout=120, cwd=self.dir)
-        server = [
-            str(self.bindir / "postgres"),
-            "-D",
-            data,
-            "-h",
-            "127.0.0.1",
-            "-p",
-            str(self.port),
-            "-k",
-            str(self.dir),
-        ]
-        for setting in ("fsync=off", "synchronous_commit=off", "full_page_writes=off", "max_connections=200"):
-            server += ["-c", setting]
-        with open(self.log, "ab") as log:
-            self.process = subprocess.Popen(
-                self._as_server_user(server), stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.dir
-            )
-        self._create_database()
-
-    def _create_database(self, timeout: float = 60) -> None:
-        import psycopg2
-
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                connection = psycopg2.connect(host="127.0.0.1", port=self.port, user="airflow", dbname="postgres")
-                break
-            except psycopg2.OperationalError:
-                if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"PostgreSQL did not start: {self.log.read_text()[-2000:]}") from None
-                time.sleep(0.3)
-        connection.autocommit = True
-        with connection.cursor() as cursor:
-            cursor.execute("CREATE DATABASE airflow")
-        connection.close()
-
-    def stop(self) -> None:
-        """Fast shutdown (SIGINT to the postmaster, whose PID the data folder records), then remove the folder."""
-        try:
-            if self.process is not None and self.process.poll() is None:
-                pid_file = self.dir / "data" / "postmaster.pid"
-                if pid_file.exists():
-                    os.kill(int(pid_file.read_text().split()[0]), signal.SIGINT)
-                    try:
-                        self.process.wait(timeout=30)
-                    except subprocess.TimeoutExpired:
-                        pass
-                _stop(self.process)
-        finally:
-            shutil.rmtree(self.dir, ignore_errors=True)
 
 
 class Redis:
@@ -157,7 +63,7 @@ class Redis:
     def stop(self) -> None:
         try:
             if self.process is not None:
-                _stop(self.process)
+                stop_group(self.process)
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -205,17 +111,17 @@ class ProcessTree(threading.Thread):
 
 
 class CeleryAirflowServices(AirflowServices):
-    """The Airflow services (api-server, scheduler, dag-processor) with the CeleryExecutor, on PostgreSQL and
-    Redis started here, and one Celery worker per entry of ``workers`` (Celery hostname -> comma-separated
-    queues), each with concurrency 1. ``extra_env`` overrides the configuration (e.g. several executors)."""
+    """The Airflow services (api-server, scheduler, dag-processor, triggerer) with the CeleryExecutor, Redis
+    started here, and one Celery worker per entry of ``workers`` (Celery hostname -> comma-separated queues), each
+    with concurrency 1. ``extra_env`` overrides the configuration (e.g. several executors)."""
 
     def __init__(self, home: Path, extra_env: dict, workers: dict[str, str]) -> None:
-        self.postgres, self.redis, self.workers = Postgres(home), Redis(home), workers
+        self.redis, self.workers = Redis(home), workers
         self.tree: ProcessTree | None = None
+        super().__init__(home, extra_env)
         celery = {
             "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
             "AIRFLOW__CORE__PARALLELISM": "4",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.postgres.url,
             "AIRFLOW__CELERY__BROKER_URL": self.redis.url,
             "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.postgres.url}",
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
@@ -223,17 +129,15 @@ class CeleryAirflowServices(AirflowServices):
             # Only the runs a test triggers: no run for the latest interval when a DAG is unpaused.
             "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
         }
-        super().__init__(home, {**celery, **extra_env})
+        self.env.update({**celery, **extra_env})
 
     def start(self) -> None:
-        self.postgres.start()
         self.redis.start()
         super().start()
         self.wait_for_workers()
 
     def start_services(self) -> None:
         super().start_services()
-        self.start_one("triggerer", ["triggerer", "--skip-serve-logs"])  # for deferred tasks (hpd_ingest's sensor)
         for name, queues in self.workers.items():
             args = ["celery", "worker", "--celery-hostname", name, "--queues", queues, "--concurrency", "1"]
             env = {"HPD_TEST_WORKER_HOSTNAME": name, "AIRFLOW__CORE__HOSTNAME_CALLABLE": HOSTNAME_CALLABLE}
@@ -265,7 +169,4 @@ class CeleryAirflowServices(AirflowServices):
                 self.tree.stop()
             super().stop()
         finally:
-            try:
-                self.redis.stop()
-            finally:
-                self.postgres.stop()
+            self.redis.stop()

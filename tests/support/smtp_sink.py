@@ -9,7 +9,7 @@ from typing import Any
 
 from aiosmtpd.controller import Controller
 
-from tests.support.airflow_services import free_port
+from tests.support.servers import free_port
 
 
 class _Keep:
