@@ -32,7 +32,8 @@ from typing import Any
 
 import pytest
 
-from tasks.core import config, storage
+from tasks.core import config, manifest, storage
+from tasks.core.catalog import Stage
 from tests.support import store_state
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
 
@@ -155,13 +156,15 @@ def _outside(place: Place) -> str:
 
 def _index_pointer(index: Callable[[Place], str], garbage: bool = False) -> Seed:
     """``indexes/current.json`` naming ``index(place)`` as the index (and, with ``garbage``, a promoted index
-    whose files are no FAISS index and no Parquet file)."""
+    whose files are no FAISS index and no Parquet file, recorded as such by its build manifest)."""
 
     def seed(place: Place) -> dict[str, str]:
         named = index(place)
         if garbage:
+            run = manifest.StageRun(Stage.BUILD_INDEX, "tiny", place.store, {"model_run": "tiny"}, [])
             for name in ("index.faiss", "ids.parquet"):
-                storage.write_bytes(storage.join(place.store, "indexes/tiny/0123456789ab", name), b"not an index")
+                run.write_output(storage.join(place.store, "indexes/tiny/0123456789ab", name), b"not an index")
+            run.publish()
         pointer = {
             "index": named,
             "ids": named.replace("index.faiss", "ids.parquet"),

@@ -349,12 +349,24 @@ def current_pointer(store: str) -> tuple[catalog.IndexPointer, str | None]:
     where = catalog.pointer_uri(store, Pointer.INDEX)
     if pointer is None:
         raise IndexBuildError(f"{where}: no index promoted yet; run build-index")
-    for uri in (pointer.index, pointer.ids):
+    for uri in (pointer.index, pointer.ids, pointer.manifest):
         if catalog.store_key(store, uri) is None:  # a hand-made pointer may hold an absolute URI: not followed out
             raise IndexBuildError(f"{where} names {uris.redact(uri)}, outside the store {store}; refused")
         if not storage.exists(uri):
             raise IndexBuildError(f"{where} names {uri}, which does not exist")
     return pointer, etag
+
+
+def _recorded_checksums(store: str, pointer: catalog.IndexPointer) -> dict[str, str]:
+    """The sha256 the pointer's build manifest records for the index and the id map it names; a pointer naming
+    an object its manifest does not list is refused."""
+    published = manifest.parse(pointer.manifest, storage.read_bytes(pointer.manifest), store)
+    recorded = {output.uri: output.sha256 for output in published.outputs}
+    for uri in (pointer.index, pointer.ids):
+        if uri not in recorded:
+            where = catalog.pointer_uri(store, Pointer.INDEX)
+            raise IndexBuildError(f"{where} names {uri}, which its build manifest {pointer.manifest} does not list")
+    return recorded
 
 
 def load_current(store: str) -> LoadedIndex:
@@ -364,11 +376,13 @@ def load_current(store: str) -> LoadedIndex:
     from tasks.ml.encoder import SentenceEncoder
 
     pointer, etag = current_pointer(store)
+    recorded = _recorded_checksums(store, pointer)
+    body = storage.read_bytes(pointer.index, sha256=recorded[pointer.index])
     try:
-        index = faiss.deserialize_index(np.frombuffer(storage.read_bytes(pointer.index), dtype=np.uint8))
+        index = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))
     except RuntimeError as exc:  # faiss's reader refuses what is not an index it wrote
         raise IndexBuildError(f"{pointer.index}: not a FAISS index ({str(exc).strip()[-200:]})") from None
-    ids = storage.read_parquet(pointer.ids, columns=["sentence_id", "text"])
+    ids = storage.read_parquet(pointer.ids, columns=["sentence_id", "text"], sha256=recorded[pointer.ids])
     with tempfile.TemporaryDirectory() as scratch:
         encoder = SentenceEncoder.load(str(student.fetch_exported(store, pointer.model_run, Path(scratch))))
     if encoder.dim != index.d:

@@ -116,9 +116,22 @@ def test_missing_objects_leave_the_pointer_alone(store):
     assert storage.read_bytes(catalog.pointer_uri(store, Pointer.INDEX)) == before
 
 
-def _index_pointer(index_uri: str, ids_uri: str) -> IndexPointer:
+def _index_pointer(index_uri: str, ids_uri: str, manifest_uri: str = "") -> IndexPointer:
     """A hand-made pointer to the index at ``index_uri`` (encoded by the distill run ``tiny``)."""
-    return IndexPointer(index_uri, ids_uri, "file:///unused/manifest.json", "tiny", 8, "hand-made")
+    manifest_uri = manifest_uri or index_uri.rsplit("/indexes/", 1)[0] + "/manifests/build_index/hand-made.json"
+    return IndexPointer(index_uri, ids_uri, manifest_uri, "tiny", 8, "hand-made")
+
+
+def _published_by_hand(store: str, index_body: bytes, ids_body: bytes) -> IndexPointer:
+    """An index and id map published under a build manifest written here (which records their sha256)."""
+    run = manifest.StageRun(
+        stage=Stage.BUILD_INDEX, key="by-hand", store=store, params={"model_run": "tiny"}, inputs=[]
+    )
+    index_uri, ids_uri = f"{store}/indexes/by-hand/index.faiss", f"{store}/indexes/by-hand/ids.parquet"
+    run.write_output(index_uri, index_body)
+    run.write_output(ids_uri, ids_body)
+    run.publish()
+    return _index_pointer(index_uri, ids_uri, catalog.manifest_uri(store, Stage.BUILD_INDEX, "by-hand"))
 
 
 def test_a_pointer_naming_a_missing_index_is_a_clear_error(tmp_path, store):
@@ -167,10 +180,9 @@ def test_an_index_of_another_dimension_is_refused(store, tmp_path):
     )
     wrong = faiss.IndexFlatIP(5)
     wrong.add(np.eye(5, dtype=np.float32))
-    storage.write_bytes(f"{other}/indexes/wrong/index.faiss", faiss.serialize_index(wrong).tobytes())
-    other_ids = other + ids.removeprefix(store)  # search reads nothing outside the store it serves
-    storage.write_bytes(other_ids, storage.read_bytes(ids))
-    catalog.move_pointer(other, _index_pointer(f"{other}/indexes/wrong/index.faiss", other_ids), None)
+    # search reads nothing outside the store it serves
+    pointer = _published_by_hand(other, faiss.serialize_index(wrong).tobytes(), storage.read_bytes(ids))
+    catalog.move_pointer(other, pointer, None)
     # the distill run 'tiny' copied into ``other``: its manifest names its exported model by store-relative
     # keys, so the model's files come along
     distill_manifest = f"{store}/manifests/distill/tiny.json"
@@ -178,3 +190,33 @@ def test_an_index_of_another_dimension_is_refused(store, tmp_path):
         storage.write_bytes(other + uri.removeprefix(store), storage.read_bytes(uri))
     with pytest.raises(build_index.IndexBuildError, match="index dimension 5 differs from the model's 8"):
         build_index.search(other, "anything")
+
+
+def test_the_served_index_is_verified_against_its_build_manifest(store, tmp_path):
+    """One flipped byte in the promoted index, or a pointer naming an object its build manifest does not list:
+    search refuses, naming the object, and serves nothing."""
+    result = _build(store, index_type="flat", name="verified", promote=False)
+    index_uri = next(o.uri for o in result.outputs if o.uri.endswith("index.faiss"))
+    ids_uri = next(o.uri for o in result.outputs if o.contract == "index_ids")
+    other = storage.to_uri(str(tmp_path / "other"))
+    distill_manifest = f"{store}/manifests/distill/tiny.json"
+    for uri in [distill_manifest, *(o.uri for o in manifest.read(store, Stage.DISTILL, "tiny").outputs)]:
+        storage.write_bytes(other + uri.removeprefix(store), storage.read_bytes(uri))
+    body = bytearray(storage.read_bytes(index_uri))
+    pointer = _published_by_hand(other, bytes(body), storage.read_bytes(ids_uri))
+    catalog.move_pointer(other, pointer, None)
+    assert build_index.search(other, "sentence about cats", k=3)  # as published: served
+
+    body[len(body) // 2] ^= 0x01
+    storage.write_bytes(pointer.index, bytes(body))
+    with pytest.raises(storage.IntegrityError, match="by-hand/index.faiss"):
+        build_index.search(other, "sentence about cats")
+
+    stray = f"{other}/indexes/stray/index.faiss"
+    storage.write_bytes(stray, storage.read_bytes(index_uri))
+    _, etag = catalog.read_pointer(other, Pointer.INDEX)
+    catalog.move_pointer(other, _index_pointer(stray, pointer.ids, pointer.manifest), etag)
+    with pytest.raises(
+        build_index.IndexBuildError, match="stray/index.faiss, which its build manifest .* does not list"
+    ):
+        build_index.search(other, "sentence about cats")
