@@ -79,3 +79,31 @@ def test_pipeline_policy_is_least_privilege():
         "s3:ListMultipartUploadParts",
     }
     assert "s3:*" not in policy and '"*"' not in policy
+
+
+def test_search_service_runs_hpd_serve_on_the_pipeline_store():
+    """The search Deployment's command is a valid ``hpd serve`` command line listening on the port the Service
+    targets; it probes /health, runs as the image's non-root user, and reads the store and S3 connection the
+    Airflow release uses."""
+    from tasks import cli
+
+    deployment, service = yaml.safe_load_all((INFRA / "k8s" / "search.yaml").read_text())
+    assert (deployment["kind"], service["kind"]) == ("Deployment", "Service")
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["command"][0] == "hpd"
+    args = cli.build_parser().parse_args(container["command"][1:])
+    assert args.command == "serve" and args.host == "0.0.0.0"
+    (port,) = container["ports"]
+    (exposed,) = service["spec"]["ports"]
+    assert args.port == port["containerPort"] and exposed["targetPort"] == port["name"]
+    assert service["spec"]["type"] == "ClusterIP"
+    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/health", "port": port["name"]}
+    assert container["securityContext"]["runAsNonRoot"] is True
+    values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
+    airflow_env = {item["name"]: item["value"] for item in values["env"]}
+    env = {item["name"]: item["value"] for item in container["env"]}
+    assert env["HPD_STORE"] == airflow_env["HPD_STORE"] and env["HPD_AWS_CONN_ID"] == airflow_env["HPD_AWS_CONN_ID"]
+    assert {"secretRef": {"name": "hpd-s3-connection"}} in container["envFrom"]
+    assert "hpd-s3-connection" in values["extraEnvFrom"]
