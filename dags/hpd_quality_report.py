@@ -1,11 +1,17 @@
 """
-### hpd_quality_report — great-expectations checks of a partition's data
+### hpd_quality_report — great-expectations checks and drift of a partition's data
 
 Once per corpus partition `hpd_ingest` announces (a partitioned `hpd_corpus_partition` event: the run's
 partition key is its ingest date and the event names its store), after its teacher shards are written;
 on demand with a partition key. Runs the expectation suites on the partition's sentences and the
 teacher's embeddings, and on a PCA run's targets when named. A failure fails the task (red, alerted)
 with every failing expectation and sample rows in the log.
+
+Then `drift` scores the partition against the promoted model's training data (embedding norms, mean
+direction, reconstruction error under its PCA; text length and vocabulary; `hpd drift`); a score at or above
+`drift_threshold` is flagged: a warning in the log, and `announce_drift` emits an `hpd_corpus_updated` event
+with reason `drift`, which schedules `hpd_retrain` (otherwise it is skipped and emits nothing). With no
+promoted model the drift task says so and succeeds.
 """
 
 from __future__ import annotations
@@ -13,10 +19,10 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import PartitionedAssetTimetable, dag, task
 
-from tasks.orchestration.assets import CORPUS_PARTITION
+from tasks.orchestration.assets import CORPUS_PARTITION, CORPUS_UPDATED
 from tasks.orchestration.dag_params import stage_param
 from tasks.orchestration.defaults import DEFAULT_ARGS, DEFAULT_TEACHER, DEPLOYMENT, STORE_PARAM
-from tasks.stages.params import QualityParams
+from tasks.stages.params import DriftParams, QualityParams
 
 
 @dag(
@@ -31,6 +37,7 @@ from tasks.stages.params import QualityParams
         "store": STORE_PARAM,
         "teacher": stage_param(QualityParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT),
         "pca_name": stage_param(QualityParams, "pca_name"),
+        "drift_threshold": stage_param(DriftParams, "threshold"),
     },
 )
 def hpd_quality_report():
@@ -43,7 +50,19 @@ def hpd_quality_report():
         values = {**runtime.pick(p, "teacher", "pca_name"), "ingest_date": runtime.partition_date(context)}
         return runtime.run_stage(Stage.QUALITY, runtime.stage_params(Stage.QUALITY, values, p)).stats
 
-    check_partition()
+    @task
+    def drift(checks: dict, **context) -> dict:
+        from tasks.orchestration import runtime
+
+        return runtime.partition_drift(context)
+
+    @task(outlets=[CORPUS_UPDATED])
+    def announce_drift(drift: dict, **context) -> dict:
+        from tasks.orchestration import runtime
+
+        return runtime.announce_drift(context, drift)
+
+    announce_drift(drift(check_partition()))
 
 
 hpd_quality_report()

@@ -38,6 +38,7 @@ HELP = {
     Stage.ENCODE_TEACHER: "encode a sentences partition with the teacher, shard by shard",
     Stage.FIT_PCA: "fit the PCA projection over teacher embeddings and write the projected targets",
     Stage.QUALITY: "great-expectations checks of a partition's sentences, embeddings and targets",
+    Stage.DRIFT: "drift of a partition's embeddings and text from the training data of the promoted model",
     Stage.VALIDATE: "score a distilled student (STS, fidelity, retrieval), apply the quality gate, promote",
     Stage.BUILD_INDEX: "encode the corpus with a distilled student, build a FAISS index and promote it",
     Stage.DISTILL: "train the student on the projected targets (torchrun for several processes) and export it",
@@ -114,6 +115,9 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="no progress bars, even on a terminal (progress is logged at intervals)",
         )
+    sub.choices[command_name(Stage.DRIFT)].add_argument(
+        "--table", action="store_true", help="print the comparison as a table instead of the JSON summary"
+    )
     search = sub.add_parser(
         "search",
         help="nearest corpus sentences from the current index",
@@ -353,7 +357,7 @@ def _runs(args: dict) -> int:
 
 
 def _run_stage(stage: Stage, args: dict) -> int:
-    force, quiet = args.pop("force"), args.pop("quiet")
+    force, quiet, table = args.pop("force"), args.pop("quiet"), args.pop("table", False)
     try:
         params = config.parse(PARAMS[stage], args)
     except config.ConfigError as exc:
@@ -367,6 +371,9 @@ def _run_stage(stage: Stage, args: dict) -> int:
     except (ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
+    if table:
+        print(module.render(result.manifest.key, result.stats))
+        return 0
     summary = {
         "manifest": result.manifest_uri,
         "skipped": result.skipped,

@@ -14,6 +14,8 @@ fixed here:
 ``validation/<run>/<fp12>/``                            metrics and report (validate)
 ``indexes/<name>/<fp12>/``                              FAISS index and id map (build_index)
 ``quality/ingest_date=D/<fp12>/results.json``           expectation results (quality)
+``profiles/<teacher>/<pca run>/ingest_date=D/<fp12>/``  a partition's drift profile (profile)
+``drift/ingest_date=D/<fp12>/drift.json``               a partition's drift from a model's data (drift)
 ``manifests/<stage>/<key>.json``                        every stage run's manifest
 ``models/current.json``, ``indexes/current.json``       the promoted model and index pointers
 =====================================================  ===========================================
@@ -46,6 +48,8 @@ class Stage(StrEnum):
     VALIDATE = "validate"
     BUILD_INDEX = "build_index"
     QUALITY = "quality"
+    PROFILE = "profile"
+    DRIFT = "drift"
     GC = "gc"
 
 
@@ -148,6 +152,11 @@ def pca_key(teacher: str, pca_name: str) -> str:
     return f"{slug(teacher)}/{pca_name}"
 
 
+def profile_key(teacher: str, pca_name: str, ingest_date: date) -> str:
+    """The profile manifest key of a partition under a teacher's PCA run."""
+    return f"{pca_key(teacher, pca_name)}/{partition_key(ingest_date)}"
+
+
 def gc_key(when: datetime) -> str:
     """The gc manifest key of a run started at ``when``: its UTC time, to the microsecond
     (``20261130T120000.123456Z``), so keys sort by time and each run records its own manifest."""
@@ -198,6 +207,15 @@ def index_prefix(store: str, name: str, fingerprint: str) -> str:
 
 def quality_results_uri(store: str, ingest_date: date, fingerprint: str) -> str:
     return join(store, "quality", partition_key(ingest_date), fingerprint[:_FINGERPRINT_CHARS], "results.json")
+
+
+def profile_uri(store: str, teacher: str, pca_name: str, ingest_date: date, fingerprint: str) -> str:
+    key = profile_key(teacher, pca_name, ingest_date)
+    return join(store, "profiles", key, fingerprint[:_FINGERPRINT_CHARS], "profile.json")
+
+
+def drift_uri(store: str, ingest_date: date, fingerprint: str) -> str:
+    return join(store, "drift", partition_key(ingest_date), fingerprint[:_FINGERPRINT_CHARS], "drift.json")
 
 
 # -- store-relative references -----------------------------------------------------------------------------

@@ -28,8 +28,9 @@ import socket
 import subprocess
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from functools import cache
@@ -171,7 +172,7 @@ class Manifest:
 
 @dataclass(frozen=True)
 class StageResult:
-    """What a stage run returns: where its manifest is, whether it was a skip, its stats and outputs.
+    """What a stage run returns: where its manifest is, whether it was a skip, its stats, outputs and inputs.
     ``manifest`` is None where a run publishes several manifests (encode_teacher: one per shard)."""
 
     manifest_uri: str
@@ -179,10 +180,11 @@ class StageResult:
     stats: dict[str, Any]
     outputs: tuple[Output, ...]
     manifest: Manifest | None = None
+    inputs: tuple[Input, ...] = ()
 
     @classmethod
     def of(cls, manifest: Manifest, uri: str, skipped: bool) -> Self:
-        return cls(uri, skipped, manifest.stats, manifest.outputs, manifest)
+        return cls(uri, skipped, manifest.stats, manifest.outputs, manifest, manifest.inputs)
 
 
 class ManifestError(ValueError):
@@ -334,6 +336,27 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+# The orchestrator's run a stage runs in (an Airflow task instance's ids), recorded in its manifest.
+_ORCHESTRATION: ContextVar[Mapping[str, str | int] | None] = ContextVar("hpd_orchestration", default=None)
+
+
+@contextmanager
+def orchestrated_by(run: Mapping[str, str | int]) -> Iterator[None]:
+    """Within: every manifest published records ``run`` (e.g. Airflow's dag_id, run_id, task_id, try_number)
+    as its ``orchestration``."""
+    token = _ORCHESTRATION.set(dict(run))
+    try:
+        yield
+    finally:
+        _ORCHESTRATION.reset(token)
+
+
+def _orchestration() -> dict[str, Any]:
+    """The manifest's ``orchestration`` record, when a stage runs under :func:`orchestrated_by`."""
+    run = _ORCHESTRATION.get()
+    return {} if run is None else {"orchestration": dict(run)}
+
+
 @dataclass
 class StageRun:
     """Collects one stage run's inputs, outputs, stats and timings, and publishes its manifest."""
@@ -458,6 +481,7 @@ class StageRun:
                 "host": socket.gethostname(),
             }
         )
+        document |= _orchestration()
         validate(document)
         return document
 

@@ -113,8 +113,14 @@ class MomentAccumulator:
 
 def load_projection(store: str, teacher: str, name: str) -> Projection:
     """The projection a published PCA run lists."""
+    return published_projection(store, teacher, name)[1]
+
+
+def published_projection(store: str, teacher: str, name: str) -> tuple[manifest.Output, Projection]:
+    """The artifact a published PCA run lists, as its manifest records it, and the projection read from it
+    (verified against the recorded sha256)."""
     published = manifest.read(store, Stage.FIT_PCA, catalog.pca_key(teacher, name))
     if published is None:
         raise PCAError(f"{store}: no PCA run {name!r} for teacher {teacher!r}")
-    uri = published.output_named(ARTIFACT).uri
-    return Projection.from_safetensors(storage.read_bytes(uri), uri)
+    artifact = published.output_named(ARTIFACT)
+    return artifact, Projection.from_safetensors(storage.read_bytes(artifact.uri, sha256=artifact.sha256), artifact.uri)

@@ -7,12 +7,14 @@ from typing import Any
 from tasks.core.config import StageParams
 from tasks.orchestration.alerts import failure_notifiers
 from tasks.orchestration.dag_params import stage_param
+from tasks.orchestration.openlineage import forget_earlier_tasks
 
 DEFAULT_ARGS = {
     "retries": 2,
     "retry_delay": timedelta(seconds=30),
     "retry_exponential_backoff": True,
     "on_failure_callback": failure_notifiers(),
+    "on_execute_callback": forget_earlier_tasks,  # each task reports only its own lineage (openlineage.py)
 }
 
 # Deployment-level defaults of the DAGs' params (a run's conf still overrides them).

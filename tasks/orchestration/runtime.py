@@ -1,5 +1,5 @@
 """What the Airflow DAG tasks call at run time: the run's partition and store, stage runs, shard planning,
-the events a run emits, the new-data check of a retrain and the quality gate's verdict."""
+the events a run emits, the new-data check of a retrain, the quality gate's verdict and a partition's drift."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import logging
 from datetime import date
 from typing import Any
 
-from airflow.sdk.exceptions import AirflowFailException
+from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from tasks.core import catalog, config
+from tasks.core import catalog, config, manifest, runs
 from tasks.core.catalog import Stage
 from tasks.core.config import StageParams
 from tasks.core.manifest import StageResult
@@ -69,8 +69,17 @@ def staging_params(context: dict) -> StageParams:
 
 
 def run_stage(stage: Stage, parsed: StageParams) -> StageResult:
-    """Run ``stage`` (the module ``tasks.stages.<stage>``) with validated parameters."""
-    return importlib.import_module(f"tasks.stages.{stage}").run(parsed)
+    """Run ``stage`` (the module ``tasks.stages.<stage>``) with validated parameters, in the current Airflow task:
+    its manifest records the task instance, and its inputs and outputs become the task's lineage."""
+    from airflow.sdk import get_current_context
+
+    from tasks.orchestration import openlineage
+
+    openlineage.forget_earlier_tasks()
+    with manifest.orchestrated_by(openlineage.airflow_run(get_current_context())):
+        result = importlib.import_module(f"tasks.stages.{stage}").run(parsed)
+    openlineage.report(result)
+    return result
 
 
 def shard_groups(params: dict, day: str) -> list[list[int]]:
@@ -129,6 +138,39 @@ def has_new_data(context: dict) -> bool:
         return False
     log.info("new partitions the promoted model has not seen: %s", [d.isoformat() for d in new])
     return True
+
+
+def partition_drift(context: dict) -> dict[str, Any]:
+    """The drift stage's result for the run's partition against the promoted model's training data, flagged at
+    the run's ``drift_threshold``; ``{"flagged": False, "model_run": None}`` while no model is promoted."""
+    params = run_params(context)
+    store, day = store_of(params), partition_date(context)
+    promoted = runs.promoted_run(store)
+    if promoted is None:
+        log.info("drift of %s: no promoted model in %s, so no training data to compare with", day, store)
+        return {"flagged": False, "model_run": None}
+    values = {"ingest_date": day, "model_run": promoted, "threshold": params["drift_threshold"]}
+    result = run_stage(Stage.DRIFT, stage_params(Stage.DRIFT, values, params))
+    return {**result.stats, "manifest": catalog.store_key(store, result.manifest_uri)}
+
+
+def announce_drift(context: dict, drift: dict[str, Any]) -> dict[str, Any]:
+    """A flagged drift becomes this task's ``assets.CORPUS_UPDATED`` event (a retrain trigger) with reason
+    ``drift``, its store, partition, score, threshold, model run and manifest; otherwise the task is skipped,
+    and skipped tasks emit no event."""
+    if not drift["flagged"]:
+        raise AirflowSkipException("no drift flagged: no retrain trigger")
+    extra = {
+        "store": store_of(run_params(context)),
+        "ingest_date": partition_date(context).isoformat(),
+        "reason": "drift",
+        **{name: drift[name] for name in ("score", "threshold", "model_run", "manifest")},
+    }
+    context["outlet_events"][assets.CORPUS_UPDATED].extra = extra
+    log.warning(
+        "partition %s drifted from the training data of %s: retrain triggered", extra["ingest_date"], extra["model_run"]
+    )
+    return extra
 
 
 def announce_promotion(context: dict, model_run: str, verdict: dict[str, Any]) -> dict[str, Any]:

@@ -64,6 +64,7 @@ def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False
             results.append(result)
     encoded_now = sum(not r.skipped for r in results)
     outputs = tuple(o for r in results for o in r.outputs)
+    inputs = tuple(i for r in results for i in r.inputs)
     stats = {
         "shards": len(results),
         "encoded": encoded_now,
@@ -72,7 +73,7 @@ def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False
     }
     log.info("encode_teacher %s: %d shard(s) encoded, %d skipped", partition, encoded_now, stats["skipped"])
     prefix = catalog.manifests_prefix(params.store, Stage.ENCODE_TEACHER, partition)
-    return manifest.StageResult(prefix, skipped=encoded_now == 0, stats=stats, outputs=outputs)
+    return manifest.StageResult(prefix, skipped=encoded_now == 0, stats=stats, outputs=outputs, inputs=inputs)
 
 
 def _selected_shards(params: EncodeTeacherParams) -> list[manifest.Output]:

@@ -179,6 +179,15 @@ class QualityParams(StageParams):
     min_variance: float = Field(1e-8, ge=0, description="smallest acceptable per-dimension target variance")
 
 
+class DriftParams(StageParams):
+    ingest_date: date = Field(description="the partition to score")
+    model_run: RunName | None = Field(
+        None,
+        description="compare with the training data of this distill run (default: the promoted one)",
+    )
+    threshold: float = Field(0.25, gt=0, le=1, description="flag the partition when its drift score (0-1) reaches this")
+
+
 class GCParams(StageParams):
     retention_hours: float = Field(
         24, ge=0, description="delete unreferenced objects only once they are older than this (hours)"
@@ -197,5 +206,6 @@ PARAMS: dict[catalog.Stage, type[StageParams]] = {
     catalog.Stage.VALIDATE: ValidateParams,
     catalog.Stage.BUILD_INDEX: BuildIndexParams,
     catalog.Stage.QUALITY: QualityParams,
+    catalog.Stage.DRIFT: DriftParams,
     catalog.Stage.GC: GCParams,
 }

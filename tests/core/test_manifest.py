@@ -38,6 +38,17 @@ def test_published_manifest_validates_and_records_versions(store):
     assert run.uri == f"{store}/manifests/demo_stage/ingest_date=2026-11-30.json"
 
 
+def test_a_run_under_an_orchestrator_records_it_and_a_plain_run_does_not(store):
+    airflow = {"orchestrator": "airflow", "dag_id": "hpd_ingest", "run_id": "manual__x", "task_id": "stage"}
+    with manifest.orchestrated_by({**airflow, "try_number": 2}):
+        under = _run(store).publish().manifest.document
+    assert under["orchestration"] == {**airflow, "try_number": 2}
+    plain = _run(store, params={"k": 2}).publish().manifest.document
+    assert "orchestration" not in plain
+    with pytest.raises(manifest.ManifestError, match="orchestration"):
+        manifest.validate({**plain, "orchestration": {"dag_id": ["not", "a", "string"]}})
+
+
 def test_same_inputs_and_params_complete_the_work(store):
     _run(store).publish()
     assert _run(store).completed() is not None

@@ -73,3 +73,14 @@ def test_distill_task_pod_asks_for_a_gpu(dagbag, monkeypatch):
     config = gpu_executor_config()
     assert config["pod_template_file"] == "/opt/airflow/pod_templates/gpu.yaml"
     assert config["pod_override"].spec.containers[0].resources.limits["nvidia.com/gpu"] == "4"
+
+
+def test_the_quality_report_checks_then_scores_drift_whose_flag_can_trigger_a_retrain(dagbag):
+    from tasks.orchestration.assets import CORPUS_UPDATED
+
+    dag = dagbag.dags["hpd_quality_report"]
+    assert dag.get_task("drift").upstream_task_ids == {"check_partition"}
+    announce = dag.get_task("announce_drift")
+    assert announce.upstream_task_ids == {"drift"} and announce.outlets == [CORPUS_UPDATED]
+    assert "drift_threshold" in dag.params
+    assert CORPUS_UPDATED.name in str(dagbag.dags["hpd_retrain"].timetable.asset_condition)

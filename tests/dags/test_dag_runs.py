@@ -95,12 +95,17 @@ def test_ingest_runs_end_to_end(airflow_env, inputs, store_root):
     assert storage.exists(catalog.manifest_uri(store_root, Stage.AUGMENT, catalog.partition_key(DAY)))
 
 
-def test_demo_chain_runs_every_dag_and_reruns_idempotently(inputs, store_root, tmp_path):
-    """`hpd demo`'s chain (`airflow dags test` of ingest, retrain, index, quality report) with tiny models:
-    a model is promoted and indexed, the outputs are where it says, and a rerun rewrites no manifest."""
+def test_demo_chain_runs_every_dag_reports_lineage_and_reruns_idempotently(inputs, store_root, tmp_path, monkeypatch):
+    """`hpd demo`'s chain (`airflow dags test` of ingest, retrain, index, quality report) with tiny models, its
+    OpenLineage events written to a file (the provider's file transport): a model is promoted and indexed, the
+    outputs are where it says, the events link the chain, and a rerun rewrites no manifest."""
     from tasks import demo
     from tasks.stages import build_index
 
+    events = tmp_path / "openlineage.jsonl"
+    transport = {"type": "file", "log_file_path": str(events), "append": True}
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__TRANSPORT", json.dumps(transport))
+    monkeypatch.setenv("AIRFLOW__OPENLINEAGE__NAMESPACE", "hpd-test")
     plan = demo.DemoPlan(
         store=store_root,
         airflow_home=tmp_path / "airflow",
@@ -124,6 +129,9 @@ def test_demo_chain_runs_every_dag_and_reruns_idempotently(inputs, store_root, t
     assert storage.exists(storage.join(where["model (sentence-transformers folder)"], "modules.json"))
     assert build_index.search(store_root, "a sentence", 2)
     assert manifest.read(store_root, Stage.QUALITY, catalog.partition_key(DAY)).stats["passed"] is True
+    drifted = manifest.read(store_root, Stage.DRIFT, catalog.partition_key(DAY)).stats  # its own training data
+    assert drifted["model_run"] == "demo-student" and drifted["score"] == 0.0 and not drifted["flagged"]
+    _assert_the_events_link_the_chain(_completed(events), store_root)
 
     def manifests() -> dict[str, bytes]:
         keys = [(stage, key) for stage in Stage for key in manifest.list_keys(store_root, stage)]
@@ -133,3 +141,52 @@ def test_demo_chain_runs_every_dag_and_reruns_idempotently(inputs, store_root, t
     assert len(before) >= 8
     demo.run_chain(plan, echo=lambda *a, **k: None)
     assert manifests() == before
+
+
+def _completed(events) -> dict[str, tuple[set[str], set[str]]]:
+    """Each task's input and output dataset names (namespace/name: the object URIs) in its COMPLETE events (of
+    every instance of a mapped task together)."""
+    lineage: dict[str, tuple[set[str], set[str]]] = {}
+    for line in events.read_text().splitlines():
+        event = json.loads(line)
+        if event["eventType"] == "COMPLETE" and "." in event["job"]["name"]:
+            inputs, outputs = lineage.setdefault(event["job"]["name"], (set(), set()))
+            inputs.update(f"{d['namespace']}/{d['name']}" for d in event.get("inputs", []))
+            outputs.update(f"{d['namespace']}/{d['name']}" for d in event.get("outputs", []))
+    return lineage
+
+
+def _assert_the_events_link_the_chain(lineage: dict[str, tuple[set[str], set[str]]], store_root: str) -> None:
+    """Each stage task's event names exactly what its manifest lists (read, written) and the manifest itself, so
+    one task's outputs are the next one's inputs down the chain (corpus -> teacher embeddings -> targets ->
+    student -> index); the manifests record the Airflow task instance that wrote them."""
+    day = catalog.partition_key(DAY)
+    chain = [
+        ("hpd_ingest.stage", Stage.STAGE_CORPUS, day),
+        ("hpd_retrain.fit_pca", Stage.FIT_PCA, None),
+        ("hpd_retrain.distill", Stage.DISTILL, "demo-student"),
+        ("hpd_index.build_and_promote", Stage.BUILD_INDEX, None),
+    ]
+    for job, stage, key in chain:
+        key = key or manifest.list_keys(store_root, stage)[0]
+        published = manifest.read(store_root, stage, key)
+        written = [o.uri for o in published.outputs] + [catalog.manifest_uri(store_root, stage, key)]
+        names = ({_dataset(i.uri) for i in published.inputs}, {_dataset(uri) for uri in written})
+        assert lineage[job] == names, job
+        assert published.document["orchestration"]["task_id"] == job.split(".", 1)[1]
+        assert published.document["orchestration"]["dag_id"] == job.split(".", 1)[0]
+    sentences_read, encoded = lineage["hpd_ingest.encode"]
+    staged = manifest.read(store_root, Stage.STAGE_CORPUS, day).outputs
+    assert {_dataset(o.uri) for o in staged} <= sentences_read  # staged shards -> teacher encoding
+    assert encoded and encoded <= lineage["hpd_retrain.fit_pca"][0]  # teacher embeddings -> PCA
+    assert lineage["hpd_retrain.fit_pca"][1] & lineage["hpd_retrain.distill"][0]  # targets -> student
+    assert lineage["hpd_retrain.distill"][1] & lineage["hpd_index.build_and_promote"][0]  # student -> index
+
+
+def _dataset(uri: str) -> str:
+    """An object URI as OpenLineage names it (namespace/name): ``file`` + path, or ``s3://bucket`` + key."""
+    scheme, rest = uri.split("://", 1)
+    if scheme == "file":
+        return f"file/{rest}"
+    bucket, key = rest.split("/", 1)
+    return f"s3://{bucket}/{key}"

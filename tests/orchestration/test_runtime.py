@@ -1,7 +1,9 @@
+import logging
 from dataclasses import dataclass, field
 from datetime import UTC, date, datetime
 
 import pytest
+from airflow.sdk.exceptions import AirflowSkipException
 
 from tasks.core.manifest import Output, StageResult
 from tasks.orchestration import assets, runtime
@@ -62,3 +64,46 @@ def test_a_passed_gate_returns_the_decision_and_the_report():
     verdict = runtime.gate_verdict(_validated(passed=True))
     assert verdict["passed"] and verdict["report"] == "file:///s/validation/m/f/report.html"
     assert verdict["scores"]["STS-B test"] == 61.234
+
+
+class _Outlets(dict):
+    def __missing__(self, asset):
+        self[asset] = Event()
+        return self[asset]
+
+
+def _drift_context(store: str) -> dict:
+    return {
+        "params": {"store": store, "drift_threshold": 0.25},
+        "partition_key": "2026-11-05",
+        "outlet_events": _Outlets(),
+    }
+
+
+def test_a_flagged_drift_emits_a_corpus_update_with_reason_drift(tmp_path):
+    context = _drift_context(tmp_path.as_uri())
+    drift = {"flagged": True, "score": 0.41, "threshold": 0.25, "model_run": "m", "manifest": "manifests/drift/x.json"}
+    extra = runtime.announce_drift(context, drift)
+    assert context["outlet_events"][assets.CORPUS_UPDATED].extra == extra
+    assert extra == {
+        "store": tmp_path.as_uri(),
+        "ingest_date": "2026-11-05",
+        "reason": "drift",
+        "score": 0.41,
+        "threshold": 0.25,
+        "model_run": "m",
+        "manifest": "manifests/drift/x.json",
+    }
+
+
+def test_no_drift_skips_the_announcement_and_emits_nothing(tmp_path):
+    context = _drift_context(tmp_path.as_uri())
+    with pytest.raises(AirflowSkipException):
+        runtime.announce_drift(context, {"flagged": False, "model_run": None})
+    assert context["outlet_events"] == {}
+
+
+def test_without_a_promoted_model_the_drift_task_says_so_and_succeeds(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="tasks")
+    assert runtime.partition_drift(_drift_context(tmp_path.as_uri())) == {"flagged": False, "model_run": None}
+    assert any("no promoted model" in message for message in caplog.messages)

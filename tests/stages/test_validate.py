@@ -174,6 +174,8 @@ def test_report_renders_offline_in_headless_chromium(store, tmp_path):
     assert f"model run good validated {result.manifest.document['started_at'][:10]}" in text
     assert f"code version {manifest.code_version()} trained on partitions {DAY} teacher {teacher}" in text
     assert f"PCA {PCA_NAME}" in text and dom.count("<tr><td>STS-B test</td><td>no regression below the") == 1
+    assert 'id="drift"' in dom and "Drift score 0.0000, below the threshold 0.2500" in text  # its own data
+    assert f"Partitions {DAY} against those of good: {DAY}" in text
     assert _LONG_DECIMALS.findall(text) == []
     evals = json.loads(storage.read_bytes(manifest.read(store, "distill", "good").output_named("metrics.json").uri))
     assert len(evals["evals"]) >= 10  # eval_every unset: about 20 validations a run, a curve to read
@@ -230,3 +232,28 @@ def test_report_shows_the_header_the_rules_and_a_student_below_its_baseline():
     assert "fidelity val_cosine 0.8224 fidelity val_mse 1.943e-03" in text
     assert _LONG_DECIMALS.findall(text) == [] and _LONG_DECIMALS.findall(page.split("<body>")[1]) == []
     assert page.count('src="data:image/png;base64,') == 4
+
+
+def test_report_warns_when_the_training_data_drifted():
+    from tasks.stages.validate.report_parts import drift_section
+
+    profile = {"rows": 500, "reconstruction_error": 0.458224}
+    drift = {
+        "reference_run": "old",
+        "partitions": ["2026-11-30", "2026-12-02"],
+        "reference_partitions": ["2026-11-30"],
+        "score": 0.605767,
+        "threshold": 0.25,
+        "flagged": True,
+        "components": {"direction": 0.64138, "vocabulary": 0.710235},
+        "weights": {"direction": 0.3, "vocabulary": 0.3},
+        "partition": profile,
+        "reference": {"rows": 2000, "reconstruction_error": 0.261541},
+    }
+    text = _visible_text(drift_section(drift))
+    assert text.startswith("Drift flagged: score 0.6058 reaches the threshold 0.2500.")
+    assert "Partitions 2026-11-30, 2026-12-02 against those of old: 2026-11-30." in text
+    assert "direction 0.6414 0.3000" in text and "reconstruction_error 0.4582 0.2615" in text
+    assert _visible_text(drift_section(None)) == "No promoted model to compare with."
+    unmeasured = drift_section({"reference_run": "old", "error": "1 sentences shard(s) not encoded"})
+    assert _visible_text(unmeasured) == "Drift not measured: 1 sentences shard(s) not encoded"

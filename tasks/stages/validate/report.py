@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from tasks.core.manifest import Input
-from tasks.stages.validate.report_parts import below_baseline, gate_section, header_table, metric, score
+from tasks.stages.validate.report_parts import below_baseline, drift_section, gate_section, header_table, metric, score
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2rem;max-width:70rem;color:#222}
 table{border-collapse:collapse;margin:1rem 0}td,th{border:1px solid #bbb;padding:.3rem .6rem;text-align:right}
@@ -66,6 +66,8 @@ def render(
             f"<figure>{_png(draw, panels)}<figcaption>{html.escape(caption)}</figcaption></figure>"
             for caption, draw, panels in _figures(plots)
         ),
+        "<h2>Drift of the training data from the promoted model's</h2>",
+        drift_section(report.get("drift")),
         "<h2>Data quality (great-expectations)</h2>",
         _quality_table(quality),
         "<h2>Lineage</h2>",

@@ -78,6 +78,40 @@ def gate_section(gate: dict, sts: dict[str, dict[str, float]]) -> str:
     return verdict + warnings + _rules_table(gate)
 
 
+def drift_section(drift: dict | None) -> str:
+    """The drift score of the run's training data against the promoted model's, its components and both
+    profiles' statistics; a warning when it is flagged."""
+    if drift is None:
+        return "<p>No promoted model to compare with.</p>"
+    if "error" in drift:
+        return f'<p class="warn">Drift not measured: {html.escape(drift["error"])}</p>'
+    verdict = (
+        f'<p class="warn">Drift flagged: score {metric(drift["score"])} reaches the threshold '
+        f"{metric(drift['threshold'])}.</p>"
+        if drift["flagged"]
+        else f"<p>Drift score {metric(drift['score'])}, below the threshold {metric(drift['threshold'])}.</p>"
+    )
+    compared = (
+        f"<p>Partitions {html.escape(', '.join(drift['partitions']))} against those of "
+        f"{html.escape(drift['reference_run'])}: {html.escape(', '.join(drift['reference_partitions']))}.</p>"
+    )
+    components = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{metric(value)}</td><td>{metric(drift['weights'][name])}</td></tr>"
+        for name, value in drift["components"].items()
+    )
+    statistics = "".join(
+        f"<tr><td>{html.escape(name)}</td><td>{metric(value)}</td><td>{metric(drift['reference'][name])}</td></tr>"
+        for name, value in drift["partition"].items()
+    )
+    return (
+        verdict
+        + compared
+        + f'<table id="drift"><tr><th>component</th><th>value</th><th>weight</th></tr>{components}</table>'
+        + "<table><tr><th>statistic</th><th>this run's data</th><th>promoted model's data</th></tr>"
+        + f"{statistics}</table>"
+    )
+
+
 def _rules_table(gate: dict) -> str:
     rules = gate.get("rules")
     if not rules:

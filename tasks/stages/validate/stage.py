@@ -8,6 +8,7 @@ import logging
 from tasks.core import catalog, manifest, storage, uris
 from tasks.core.catalog import Pointer, Stage
 from tasks.ml import sts
+from tasks.stages import drift
 from tasks.stages.params import ValidateParams
 from tasks.stages.validate import promotion, scoring
 from tasks.stages.validate.errors import ValidationError
@@ -39,6 +40,8 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     with stage_run.phase("encode_and_score"):
         measured = scoring.measure(params, distilled, pair_sets)
     _log_measurements(params.model_run, measured, distilled.stats.get("exported"))
+    with stage_run.phase("drift"):
+        training_drift = _training_drift(params.store, distilled, promoted.model_run if promoted else None)
     reference_name, reference_scores = promotion.reference(promoted, measured.sts)
     decision = promotion.decide(measured.sts["student"], reference_scores, reference_name, params)
     report = {
@@ -46,6 +49,7 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
         "fidelity": distilled.stats.get("exported"),
         "retrieval": measured.retrieval,
         "gate": decision,
+        "drift": training_drift,
     }
     page = render(
         f"Validation of {params.model_run}",
@@ -70,6 +74,16 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
             "the gate failed" if params.promote else "promote is off",
         )
     return result
+
+
+def _training_drift(store: str, distilled: manifest.Manifest, promoted_run: str | None) -> dict | None:
+    """The drift of the run's training data from the promoted model's; what kept it from being measured (a
+    reference partition the run's teacher never encoded, say) is reported, and fails nothing."""
+    try:
+        return drift.between_runs(store, distilled, promoted_run)
+    except drift.DriftError as exc:
+        log.warning("validate %s: drift not measured: %s", distilled.key, exc)
+        return {"reference_run": promoted_run, "error": str(exc)}
 
 
 def _log_measurements(model_run: str, measured: scoring.Measurements, fidelity: dict | None) -> None:
