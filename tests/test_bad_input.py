@@ -121,6 +121,26 @@ def _flip_a_bit(place: Place) -> dict[str, str]:
     return names
 
 
+def _flip_a_bit_before_the_id_index(place: Place) -> dict[str, str]:
+    """A tampered shard in a store staged before the staged-id index: staging rebuilds the index from it."""
+    names = _flip_a_bit(place)
+    for uri in storage.list_uris(storage.join(place.store, "staged_ids")):
+        storage.delete(uri)
+    return names
+
+
+def _flip_a_bit_in_the_id_index(place: Place) -> dict[str, str]:
+    """The staged partition's segment of the staged-id index with one bit flipped, same size: only its
+    recorded checksum tells."""
+    names = _staged(place)
+    index = json.loads(storage.read_bytes(storage.join(place.store, "staged_ids/index.json")))
+    segment = storage.join(place.store, index["partitions"]["ingest_date=2026-11-30"]["key"])
+    body = bytearray(storage.read_bytes(segment))
+    body[len(body) // 2] ^= 0x01
+    storage.write_bytes(segment, bytes(body))
+    return {**names, "segment": segment}
+
+
 def _truncate(place: Place) -> dict[str, str]:
     names = _staged(place)
     storage.write_bytes(names["shard"], storage.read_bytes(names["shard"])[:100])
@@ -454,7 +474,15 @@ CASES = [
         1,
         "{shard}: sha256 mismatch: expected",
         on=BOTH,
-        seed=_flip_a_bit,
+        seed=_flip_a_bit_before_the_id_index,
+    ),
+    Case(
+        "tampered-staged-id-index",
+        ("stage-corpus", "--store", "{store}", "--source", "{src}/raw.txt", "--ingest-date", "2026-12-01"),
+        1,
+        "{segment}: sha256 mismatch: expected",
+        on=BOTH,
+        seed=_flip_a_bit_in_the_id_index,
     ),
     Case("truncated-shard", AUGMENT, 1, "{shard}: sha256 mismatch: expected", on=BOTH, seed=_truncate),
     Case("missing-shard", AUGMENT, 1, "{shard}: object does not exist", on=BOTH, seed=_delete_shard),

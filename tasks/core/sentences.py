@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import date
 from typing import Any
 
@@ -18,6 +21,7 @@ import pyarrow.compute as pc
 from tasks.core import catalog, contracts, datasets, manifest, storage
 from tasks.core.catalog import Dataset, Stage
 
+_WRITERS = 2  # shards encoded and written at a time: Parquet encoding and the write release the GIL
 COLUMNS = ("sentence_id", "text", "source", "line", "parent_id", "aug_method", "aug_params")
 
 
@@ -51,25 +55,41 @@ def hashed_below(sentence_ids: list[str], fraction: float, salt: str) -> np.ndar
     )
 
 
-def table(rows: dict[str, list[Any]], ingest_date: date) -> pa.Table:
-    """A contract-checked ``sentences`` table from column lists (lineage columns may be absent)."""
+def table(rows: dict[str, Any], ingest_date: date) -> pa.Table:
+    """A contract-checked ``sentences`` table from columns (lists or Arrow arrays; lineage columns may be
+    absent)."""
     n = len(rows["sentence_id"])
     columns = {
-        "sentence_id": pa.array(rows["sentence_id"], pa.string()),
-        "text": pa.array(rows["text"], pa.string()),
-        "source": pa.array(rows["source"], pa.string()),
-        "line": pa.array(rows["line"], pa.int64()),
+        "sentence_id": _array(rows["sentence_id"], pa.string()),
+        "text": _array(rows["text"], pa.string()),
+        "source": _array(rows["source"], pa.string()),
+        "line": _array(rows["line"], pa.int64()),
         "ingest_date": pa.array([ingest_date] * n, pa.date32()),
     }
     for name in ("parent_id", "aug_method", "aug_params"):
-        columns[name] = pa.array(rows[name], pa.string()) if name in rows else pa.nulls(n, pa.string())
+        columns[name] = _array(rows[name], pa.string()) if name in rows else pa.nulls(n, pa.string())
     return contracts.load(Dataset.SENTENCES).conform(pa.table(columns))
+
+
+def _array(values: Any, value_type: pa.DataType) -> Any:
+    """A column as an Arrow array of ``value_type``: built from a list, or cast from an Arrow array."""
+    if isinstance(values, pa.Array | pa.ChunkedArray):
+        return values.cast(value_type)
+    return pa.array(values, value_type)
 
 
 def publish_partition(
     stage_run: manifest.StageRun, ingest_date: date, table: pa.Table, shard_rows: int
 ) -> manifest.StageResult:
-    """Write ``table`` as content-addressed shards of the run's stage, then publish the run's manifest.
+    """Write ``table`` as shards of ``shard_rows`` rows, then publish the run's manifest (:func:`publish_shards`)."""
+    return publish_shards(
+        stage_run, ingest_date, (table.slice(start, shard_rows) for start in range(0, table.num_rows, shard_rows))
+    )
+
+
+def publish_shards(stage_run: manifest.StageRun, ingest_date: date, tables: Iterable[pa.Table]) -> manifest.StageResult:
+    """Write each of ``tables`` as a content-addressed shard of the run's stage (``_WRITERS`` at a time, at
+    most twice as many tables in hand), then publish the run's manifest.
 
     The shards of the manifest it replaces are left where they are: a reader still holding that manifest
     can finish reading them, and a concurrent run of the partition that lost never had its shards deleted
@@ -77,11 +97,14 @@ def publish_partition(
     older than its retention period."""
     stage_run.previous_outputs()  # read the replaced manifest now: publish compare-and-swaps against it
     prefix = catalog.sentences_prefix(stage_run.store, stage_run.stage, ingest_date)
-    with stage_run.phase("write_shards"):
-        for index, start in enumerate(range(0, table.num_rows, shard_rows)):
-            stage_run.add_shard(
-                datasets.write_shard(prefix, f"part-{index:05d}", table.slice(start, shard_rows), Dataset.SENTENCES)
-            )
+    with stage_run.phase("write_shards"), ThreadPoolExecutor(_WRITERS, thread_name_prefix="hpd-shards") as pool:
+        pending: deque[Future[datasets.Shard]] = deque()
+        for index, shard in enumerate(tables):  # the next table is made while the last ones are encoded
+            pending.append(pool.submit(datasets.write_shard, prefix, f"part-{index:05d}", shard, Dataset.SENTENCES))
+            if len(pending) > _WRITERS:
+                stage_run.add_shard(pending.popleft().result())
+        for written in pending:
+            stage_run.add_shard(written.result())
     return stage_run.publish()
 
 

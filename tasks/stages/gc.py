@@ -8,6 +8,7 @@ last-modified time), then reads what is live:
 
 * every manifest object (``manifests/...``), and every input and output that each manifest lists;
 * both pointers (``models/current.json``, ``indexes/current.json``) and the objects they name;
+* the staged-id index (``staged_ids/index.json``) and the buckets it lists;
 * the checkpoint folder of every distill run whose ``latest.json`` exists, whole;
 * the lock file of an object that exists (a compare-and-swap may be holding it).
 
@@ -34,7 +35,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 
-from tasks.core import catalog, manifest, storage
+from tasks.core import catalog, manifest, staged_ids, storage
 from tasks.core.catalog import Pointer, Stage
 from tasks.core.progress import format_bytes
 from tasks.stages.params import GCParams
@@ -134,6 +135,7 @@ def live_set(store: str, listed: list[storage.ListedObject]) -> set[str]:
             if uri.endswith(".json"):
                 live |= referenced(store, uri)
     live |= pointed_at(store)
+    live |= staged_ids.live(store)
     live |= live_checkpoints(store, uris)
     live |= {uri for uri in uris if _lock_target(uri) in uris}
     return live

@@ -34,6 +34,9 @@ class StageCorpusParams(StageParams):
     column: str = Field("text", min_length=1, description="text field (JSONL) or column (CSV/TSV/Parquet)")
     max_chars: int = Field(1000, gt=0, description="drop normalised sentences longer than this")
     shard_rows: int = Field(50_000, gt=0, description="rows per Parquet shard")
+    batch_rows: int = Field(
+        20_000, gt=0, description="records normalised at a time: with shard_rows, what bounds the memory held"
+    )
     limit: int | None = Field(None, gt=0, description="read at most this many records (a sample)")
     max_input_bytes: int = Field(
         2 * 1024**3, gt=0, description="refuse a source file larger than this, as stored or once decompressed"

@@ -294,3 +294,17 @@ def test_a_source_template_resolves_to_the_partitions_files(store, tmp_path):
 def test_a_source_template_holds_only_the_ingest_date(store, template):
     with pytest.raises(CorpusInputError, match=r"not a valid source template \(.*(ingest_date|expected)"):
         run(_params(store, template))
+
+
+def test_the_batch_size_changes_nothing_staged(store, tmp_path):
+    """Duplicates, drops and shard boundaries across batches: a partition staged two records at a time is the
+    one staged in a single batch, shard for shard."""
+    lines = ["one", "two", "", "one", "x" * 30, "three", "two", "four", " four ", "five", "six", "one"]
+    (tmp_path / "raw.txt").write_text("\n".join(lines))
+    small = run(_params(store, tmp_path / "raw.txt", batch_rows=2, shard_rows=2, max_chars=20))
+    other = storage.to_uri(str(tmp_path / "other"))
+    whole = run(_params(other, tmp_path / "raw.txt", batch_rows=1000, shard_rows=2, max_chars=20))
+    assert [o.sha256 for o in small.outputs] == [o.sha256 for o in whole.outputs]
+    assert small.stats == whole.stats
+    assert small.stats["dropped"] == {"empty": 1, "too_long": 1, "duplicate_in_input": 4, "already_staged": 0}
+    assert [r["text"] for r in _staged_rows(store)] == ["one", "two", "three", "four", "five", "six"]

@@ -1,0 +1,86 @@
+"""A batch of raw records as normalised, filtered, identified rows: :func:`tasks.core.sentences.normalise`
+as polars expressions, with the same result for every input.
+
+Whitespace is Python's own (``str.isspace``) and control characters the same C0/DEL/C1 set. Unicode NFC is
+stable across Unicode versions for assigned characters only, so a text holding a character that Python's
+Unicode database does not assign is normalised by the Python function instead.
+"""
+
+from __future__ import annotations
+
+import sys
+import unicodedata
+from collections import Counter
+from functools import cache
+
+import polars as pl
+
+from tasks.core import sentences
+
+SCHEMA = {"sentence_id": pl.String, "text": pl.String, "source": pl.String, "line": pl.Int64}
+
+
+def _char_class(codes: list[int]) -> str:
+    """A regex character class of ``codes`` (sorted), as ranges."""
+    ranges: list[list[int]] = []
+    for code in codes:
+        if ranges and ranges[-1][1] == code - 1:
+            ranges[-1][1] = code
+        else:
+            ranges.append([code, code])
+    return "[" + "".join(f"\\x{{{a:x}}}-\\x{{{b:x}}}" if a != b else f"\\x{{{a:x}}}" for a, b in ranges) + "]"
+
+
+def _runs(spaces: str, others: str) -> str:
+    """Runs of ``spaces`` (a class holding the space and ``others``) other than one plain space: the only
+    ones normalisation changes, so text that is already normal costs no replacement."""
+    return f"{others}{spaces}*|\\x20{spaces}+"
+
+
+@cache
+def _patterns() -> tuple[str, str]:
+    """Runs of whitespace or control characters to collapse; a character Python's Unicode database leaves
+    unassigned."""
+    every = range(sys.maxunicode + 1)
+    others = [c for c in every if c != 0x20 and (chr(c).isspace() or c < 0x20 or 0x7F <= c < 0xA0)]
+    unassigned = [c for c in every if unicodedata.category(chr(c)) == "Cn"]
+    return _runs(_char_class(sorted([*others, 0x20])), _char_class(others)), _char_class(unassigned)
+
+
+def _ascii(raw: pl.Expr) -> pl.Expr:
+    """Normalisation of ASCII text: NFC leaves it as it is; controls and whitespace are ``[\\x00-\\x20\\x7f]``."""
+    return raw.str.replace_all(_runs(r"[\x00-\x20\x7f]", r"[\x00-\x1f\x7f]"), " ").str.strip_chars(" ")
+
+
+def _unicode(raw: pl.Expr) -> pl.Expr:
+    runs, _ = _patterns()
+    return raw.str.normalize("NFC").str.replace_all(runs, " ").str.strip_chars(" ")
+
+
+def normalise(raw: pl.Series) -> pl.Series:
+    """``sentences.normalise`` of every value (None as empty): ASCII and Unicode texts by polars expressions,
+    texts holding a character Python's Unicode database leaves unassigned by the Python function itself."""
+    _, unassigned = _patterns()
+    frame = pl.DataFrame({"raw": raw.fill_null("")}).with_row_index()
+    wide = pl.col("raw").str.contains(r"[^\x00-\x7f]")
+    texts = frame.select(_ascii(pl.col("raw"))).to_series()
+    unicode = frame.filter(wide).with_columns(
+        text=_unicode(pl.col("raw")), exotic=pl.col("raw").str.contains(unassigned)
+    )
+    if unicode.height:
+        texts = texts.scatter(unicode["index"], unicode["text"])
+    for row, text in unicode.filter(pl.col("exotic")).select("index", "raw").iter_rows():
+        texts = texts.scatter(row, sentences.normalise(text))
+    return texts.alias("text")
+
+
+def kept_rows(batch: pl.DataFrame, source: str, max_chars: int) -> tuple[pl.DataFrame, Counter[str]]:
+    """The rows of ``batch`` (``line``, ``raw``) that are neither empty nor longer than ``max_chars`` once
+    normalised, with their ids (``SCHEMA``), and how many were dropped for each of those reasons."""
+    frame = batch.select("line", text=normalise(batch["raw"]))
+    length = pl.col("text").str.len_chars()
+    counts = frame.select(empty=(length == 0).sum(), too_long=(length > max_chars).sum()).row(0, named=True)
+    kept = frame.filter((length > 0) & (length <= max_chars))
+    ids = list(map(sentences.sentence_id, kept["text"].to_list()))
+    kept = kept.with_columns(pl.Series("sentence_id", ids, pl.String), source=pl.lit(source, pl.String))
+    return kept.select(list(SCHEMA)), Counter(counts)
