@@ -23,10 +23,7 @@ and starts with storage's memo empty, as a stage's own process does):
 
 * ``fit-pca`` over the 768-d teacher-like shards (encode-teacher manifests are published for them, so the
   stage finds them as it finds real ones; k=128, targets written). It reads each shard twice, verified
-  both times: the first read hashes it, the second finds it remembered. Each pass reads the next shard in a
-  background thread while it works on this one (``tasks.core.prefetch``), in both modes: the reads' seconds
-  overlap the compute, so for fit-pca ``verification_share`` is an upper bound and the wall ratios
-  (``ratio``, ``ratio_paired_median``) are the measure.
+  both times: the first read hashes it, the second finds it remembered.
 * ``quality`` over the ``sentences`` shards alone (``teacher=None``): of the stages that read ``sentences``
   shards the one with the least compute per byte (about 140k rows/s here, against about 55k for ``augment``
   with token deletion and about 11k for encode-teacher even with the 32-d tiny test model of

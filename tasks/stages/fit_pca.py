@@ -5,8 +5,7 @@ the sum and XᵀX (float64, shifted by the first chunk's mean for numerical stab
 an eigendecomposition of the D×D covariance: memory is O(D²) whatever the row count. An optional
 cap samples rows by a seeded hash of the sentence id (uniform, deterministic, no extra pass).
 Every teacher shard is read verified against the sha256 its encode_teacher manifest records: all of
-them in the fit, before anything is written, and each again for its targets. Each pass reads the next shard
-(and verifies it) in a background thread while this one is accumulated or projected.
+them in the fit, before anything is written, and each again for its targets.
 
 Two projection modes share the same components (those of scikit-learn's PCA):
 ``uncentered`` applies them to the raw embeddings, as HPD's code does; ``centered`` subtracts the
@@ -24,7 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import date
 
 import numpy as np
@@ -32,7 +31,6 @@ import pyarrow as pa
 
 from tasks.core import catalog, datasets, manifest, sentences, storage
 from tasks.core.catalog import Dataset, Stage
-from tasks.core.prefetch import read_ahead
 from tasks.core.progress import Progress
 from tasks.ml.projection import ARTIFACT, MomentAccumulator, PCAError, Projection
 from tasks.stages import encode_teacher
@@ -103,8 +101,8 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
             targets_prefix = catalog.targets_prefix(params.store, params.teacher, params.name)
             model_id = f"{params.teacher}+pca-{params.name}"
             with Progress(f"fit_pca {stage_run.key} targets", total_rows, bar=progress, logger=log) as reporter:
-                for shard, (_, table) in zip(shards, _tables(shards), strict=True):
-                    stage_run.add_shard(_write_targets(shard, table, projection, targets_prefix, model_id))
+                for shard in shards:
+                    stage_run.add_shard(_write_targets(shard, projection, targets_prefix, model_id))
                     reporter.update(shard.rows or 0)
     stage_run.stats = {key: summary[key] for key in ("rows_fitted", "rows_available", "explained_variance_ratio_sum")}
     return stage_run.publish()
@@ -120,8 +118,9 @@ def accumulate(
     rows = [None if isinstance(shard, str) else shard.rows for shard in shards]
     total = None if None in rows else sum(rows)
     with Progress("fit_pca accumulate", total, bar=progress, logger=log) as reporter:
-        for uri, table in _tables(shards):
-            for ids, chunk in _chunks(uri, table):
+        for shard in shards:
+            uri, sha256 = (shard, None) if isinstance(shard, str) else (shard.uri, shard.sha256)
+            for ids, chunk in _chunks(uri, sha256):
                 accumulator = accumulator or MomentAccumulator(chunk.shape[1])
                 accumulator.add(chunk[sentences.hashed_below(ids, fraction, str(seed))])
                 reporter.update(len(ids))
@@ -155,23 +154,11 @@ def target_shards(store: str, teacher: str, name: str) -> list[str]:
     return [o.uri for o in published.outputs_of(Dataset.PROJECTED_TARGETS)]
 
 
-def _tables(shards: Sequence[manifest.Output | str]) -> Iterator[tuple[str, pa.Table]]:
-    """Each shard's URI and table, the next one read while the caller works on this one."""
-    return read_ahead(shards, _read_shard)
-
-
-def _read_shard(shard: manifest.Output | str) -> tuple[str, pa.Table]:
-    """A teacher shard's ids and embeddings: verified against its recorded sha256 when given as a manifest
-    record, read as it is when given as a bare URI."""
-    uri, sha256 = (shard, None) if isinstance(shard, str) else (shard.uri, shard.sha256)
+def _chunks(uri: str, sha256: str | None):
     table = storage.read_parquet(uri, columns=["sentence_id", "embedding"], sha256=sha256)
     column = table.column("embedding")
     if not pa.types.is_fixed_size_list(column.type):
         raise PCAError(f"{uri}: embedding column is {column.type}, not a fixed-size list")
-    return uri, table
-
-
-def _chunks(uri: str, table: pa.Table) -> Iterator[tuple[list[str], np.ndarray]]:
     for start in range(0, table.num_rows, CHUNK_ROWS):
         part = table.slice(start, CHUNK_ROWS)
         chunk = datasets.vectors(part, "embedding")
@@ -180,11 +167,9 @@ def _chunks(uri: str, table: pa.Table) -> Iterator[tuple[list[str], np.ndarray]]
         yield part.column("sentence_id").to_pylist(), chunk
 
 
-def _write_targets(
-    teacher: manifest.Output, table: pa.Table, projection: Projection, prefix: str, model_id: str
-) -> datasets.Shard:
+def _write_targets(teacher: manifest.Output, projection: Projection, prefix: str, model_id: str) -> datasets.Shard:
     ids, targets = [], []
-    for chunk_ids, chunk in _chunks(teacher.uri, table):
+    for chunk_ids, chunk in _chunks(teacher.uri, teacher.sha256):
         ids.extend(chunk_ids)
         targets.append(projection.apply(chunk))
     values = np.concatenate(targets) if targets else np.zeros((0, len(projection.components)), np.float32)
