@@ -66,6 +66,8 @@ DISTILL = (
     *(item for name, value in DISTILL_VALUES.items() for item in ("--" + name.replace("_", "-"), str(value))),
 )
 AUGMENT = ("augment", "--store", "{store}", "--methods", "delete", *DAY)
+# staging another day beside the staged one: it de-duplicates against the staged partition
+STAGE_NEXT_DAY = ("stage-corpus", "--store", "{store}", "--source", "{src}/raw.txt", "--ingest-date", "2026-12-01")
 RESTAGE = ("stage-corpus", "--store", "{store}", "--source", "{src}/raw.txt", "--shard-rows", "5", *DAY)
 NO_CHANGE: dict[str, list[str]] = {"added": [], "removed": [], "altered": []}
 
@@ -470,7 +472,7 @@ CASES = [
     ),
     Case(
         "tampered-shard-read-for-dedup",
-        ("stage-corpus", "--store", "{store}", "--source", "{src}/raw.txt", "--ingest-date", "2026-12-01"),
+        STAGE_NEXT_DAY,
         1,
         "{shard}: sha256 mismatch: expected",
         on=BOTH,
@@ -478,7 +480,7 @@ CASES = [
     ),
     Case(
         "tampered-staged-id-index",
-        ("stage-corpus", "--store", "{store}", "--source", "{src}/raw.txt", "--ingest-date", "2026-12-01"),
+        STAGE_NEXT_DAY,
         1,
         "{segment}: sha256 mismatch: expected",
         on=BOTH,
