@@ -80,12 +80,16 @@ class DemoPlan:
 
 
 def airflow_env(plan: DemoPlan) -> dict[str, str]:
-    """A standalone Airflow for the demo: its own home and SQLite database, the repo's DAG folder."""
+    """A standalone Airflow for the demo: its own home and SQLite database, the repo's DAG folder, the stage
+    tasks' OpenLineage extractor (silent until a transport is set)."""
+    from tasks.orchestration import openlineage
+
     return {
         **os.environ,
         "AIRFLOW_HOME": str(plan.airflow_home),
         "AIRFLOW__CORE__DAGS_FOLDER": str(plan.dags_folder),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__OPENLINEAGE__EXTRACTORS": openlineage.EXTRACTOR,
         "HPD_STORE": plan.store,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",

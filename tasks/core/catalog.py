@@ -14,6 +14,7 @@ fixed here:
 ``validation/<run>/<fp12>/``                            metrics and report (validate)
 ``indexes/<name>/<fp12>/``                              FAISS index and id map (build_index)
 ``quality/ingest_date=D/<fp12>/results.json``           expectation results (quality)
+``quality/ingest_date=D/<fp12>/data_docs/``             their great-expectations Data Docs, offline (quality)
 ``profiles/<teacher>/<pca run>/ingest_date=D/<fp12>/``  a partition's drift profile (profile)
 ``drift/ingest_date=D/<fp12>/drift.json``               a partition's drift from a model's data (drift)
 ``manifests/<stage>/<key>.json``                        every stage run's manifest
@@ -209,6 +210,11 @@ def quality_results_uri(store: str, ingest_date: date, fingerprint: str) -> str:
     return join(store, "quality", partition_key(ingest_date), fingerprint[:_FINGERPRINT_CHARS], "results.json")
 
 
+def quality_data_docs_prefix(store: str, ingest_date: date, fingerprint: str) -> str:
+    """The folder of a quality run's Data Docs (``index.html`` and what its pages link and load)."""
+    return join(store, "quality", partition_key(ingest_date), fingerprint[:_FINGERPRINT_CHARS], "data_docs")
+
+
 def profile_uri(store: str, teacher: str, pca_name: str, ingest_date: date, fingerprint: str) -> str:
     key = profile_key(teacher, pca_name, ingest_date)
     return join(store, "profiles", key, fingerprint[:_FINGERPRINT_CHARS], "profile.json")
@@ -216,6 +222,27 @@ def profile_uri(store: str, teacher: str, pca_name: str, ingest_date: date, fing
 
 def drift_uri(store: str, ingest_date: date, fingerprint: str) -> str:
     return join(store, "drift", partition_key(ingest_date), fingerprint[:_FINGERPRINT_CHARS], "drift.json")
+
+
+# -- which dataset a shard is ------------------------------------------------------------------------------
+_DATASET_FOLDERS = {
+    **{folder: Dataset.SENTENCES for folder in _SENTENCE_FOLDERS.values()},
+    "teacher": Dataset.TEACHER_EMBEDDINGS,
+    "targets": Dataset.PROJECTED_TARGETS,
+}
+
+
+def dataset_at(store: str, uri: str) -> Dataset | None:
+    """The dataset whose shard ``uri`` is, by where this catalog puts each (None for any other object)."""
+    key = store_key(store, uri)
+    if key is None or not key.endswith(".parquet"):
+        return None
+    segments = key.split("/")
+    if segments[0] == "indexes":
+        if Dataset.STUDENT_EMBEDDINGS in segments:
+            return Dataset.STUDENT_EMBEDDINGS
+        return Dataset.INDEX_IDS if segments[-1].startswith("ids-") else None
+    return _DATASET_FOLDERS.get(segments[0])
 
 
 # -- store-relative references -----------------------------------------------------------------------------

@@ -40,6 +40,7 @@ class Field:
     type: str
     nullable: bool
     value_types: tuple[str, ...] = ()
+    description: str = ""
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,7 @@ class Contract:
     name: str
     version: int
     fields: tuple[Field, ...]
+    description: str = ""
 
     @property
     def embedding_field(self) -> Field | None:
@@ -128,11 +130,14 @@ def load(name: str) -> Contract:
     if not path.is_file():
         raise ContractError(f"no data contract named {name!r}")
     spec = json.loads(path.read_text())
-    fields = tuple(Field(f["name"], f["type"], f["nullable"], tuple(f.get("value_types", ()))) for f in spec["fields"])
+    fields = tuple(
+        Field(f["name"], f["type"], f["nullable"], tuple(f.get("value_types", ())), f.get("description", ""))
+        for f in spec["fields"]
+    )
     for field in fields:
         if field.type != "embedding" and field.type not in _SCALAR_TYPES:
             raise ContractError(f"contract {name}: unknown type {field.type!r} for {field.name}")
-    return Contract(name=spec["name"], version=int(spec["version"]), fields=fields)
+    return Contract(spec["name"], int(spec["version"]), fields, spec.get("description", ""))
 
 
 def identify(schema: pa.Schema) -> tuple[str, int] | None:

@@ -1,14 +1,20 @@
 """OpenLineage from the stage tasks: each task reports what its stage's manifest lists as read and as written to
 Airflow's hook-lineage collector, which the OpenLineage provider turns into the task's input and output datasets
-(the objects' store URIs: ``file://`` or ``s3://``). Consecutive tasks name the same objects, so a chain's events
-link the corpus, teacher embeddings, targets, student and index. The provider emits nothing until a transport is
-configured (``[openlineage] transport``, e.g. HTTP to Marquez, or a file)."""
+(the objects' store URIs: ``file://`` or ``s3://``), each dataset shard with the name of its data contract, which
+:mod:`tasks.orchestration.lineage_extractor` turns into a schema facet. Consecutive tasks name the same objects, so
+a chain's events link the corpus, teacher embeddings, targets, student and index. The provider emits nothing until
+a transport is configured (``[openlineage] transport``, e.g. HTTP to Marquez, or a file)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
 from airflow.sdk.lineage import get_hook_lineage_collector
+
+from tasks.core import catalog
+
+CONTRACT = "hpd.contract"  # the asset extra naming a dataset shard's data contract
+EXTRACTOR = "tasks.orchestration.lineage_extractor.StageTaskExtractor"  # [openlineage] extractors
 
 if TYPE_CHECKING:  # DAG files import this module (defaults.py): nothing heavy at parse time
     from tasks.core.manifest import StageResult
@@ -20,17 +26,21 @@ def forget_earlier_tasks(context: object = None) -> None:
     get_hook_lineage_collector.cache_clear()
 
 
-def report(result: StageResult) -> None:
+def report(result: StageResult, store: str) -> None:
     """The stage run's inputs and outputs, as its manifests list them, and its manifest (which the next stage
     may read, as build-index reads the student's) as this task's lineage; also when the run was skipped: the
-    manifests still say what the outputs were made from."""
+    manifests still say what the outputs were made from. A dataset shard carries its contract's name."""
     collector = get_hook_lineage_collector()
     for read in result.inputs:
-        collector.add_input_asset(None, uri=read.uri)
+        collector.add_input_asset(None, uri=read.uri, asset_extra=_contract(catalog.dataset_at(store, read.uri)))
     for written in result.outputs:
-        collector.add_output_asset(None, uri=written.uri)
+        collector.add_output_asset(None, uri=written.uri, asset_extra=_contract(written.contract))
     if result.manifest is not None:
         collector.add_output_asset(None, uri=result.manifest_uri)
+
+
+def _contract(name: str | None) -> dict[str, str] | None:
+    return None if name is None else {CONTRACT: name}
 
 
 def airflow_run(context: dict) -> dict[str, str | int]:

@@ -78,7 +78,7 @@ def run_stage(stage: Stage, parsed: StageParams) -> StageResult:
     openlineage.forget_earlier_tasks()
     with manifest.orchestrated_by(openlineage.airflow_run(get_current_context())):
         result = importlib.import_module(f"tasks.stages.{stage}").run(parsed)
-    openlineage.report(result)
+    openlineage.report(result, parsed.store)
     return result
 
 

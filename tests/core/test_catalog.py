@@ -58,6 +58,10 @@ def test_fingerprinted_prefixes_take_its_first_12_chars():
         catalog.quality_results_uri(STORE, DAY, FP)
         == "s3://bucket/root/quality/ingest_date=2026-11-30/0123456789ab/results.json"
     )
+    assert (
+        catalog.quality_data_docs_prefix(STORE, DAY, FP)
+        == "s3://bucket/root/quality/ingest_date=2026-11-30/0123456789ab/data_docs"
+    )
 
 
 def test_unfingerprinted_prefixes():
@@ -66,6 +70,28 @@ def test_unfingerprinted_prefixes():
         == "s3://bucket/root/targets/all-mpnet-base-v2/k64-centered"
     )
     assert catalog.checkpoints_prefix(STORE, "run-1") == "s3://bucket/root/students/run-1/checkpoints"
+
+
+def test_dataset_at_names_each_shard_by_where_the_catalog_puts_it():
+    """The reverse of the prefixes: a shard's dataset from its URI; other objects and foreign URIs are none."""
+    index = catalog.index_prefix(STORE, "student-a", FP)
+    shards = {
+        catalog.sentences_prefix(STORE, Stage.STAGE_CORPUS, DAY): catalog.Dataset.SENTENCES,
+        catalog.sentences_prefix(STORE, Stage.AUGMENT, DAY): catalog.Dataset.SENTENCES,
+        catalog.teacher_prefix(STORE, HUB_TEACHER, DAY): catalog.Dataset.TEACHER_EMBEDDINGS,
+        catalog.targets_prefix(STORE, HUB_TEACHER, "k128-uncentered"): catalog.Dataset.PROJECTED_TARGETS,
+        storage.join(index, "student_embeddings"): catalog.Dataset.STUDENT_EMBEDDINGS,
+    }
+    for prefix, dataset in shards.items():
+        assert catalog.dataset_at(STORE, storage.join(prefix, "part-00000-0123abcd.parquet")) == dataset
+    assert catalog.dataset_at(STORE, storage.join(index, "ids-0123abcd.parquet")) == catalog.Dataset.INDEX_IDS
+    others = [
+        storage.join(index, "index.faiss"),
+        catalog.manifest_uri(STORE, Stage.STAGE_CORPUS, "ingest_date=2026-11-30"),
+        catalog.quality_results_uri(STORE, DAY, FP),
+        "s3://elsewhere/sentences/ingest_date=2026-11-30/part-00000.parquet",
+    ]
+    assert [catalog.dataset_at(STORE, uri) for uri in others] == [None] * len(others)
 
 
 def test_manifest_uris():

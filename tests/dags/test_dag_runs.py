@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.core import catalog, manifest, sentences, storage
+from tasks.core import catalog, contracts, manifest, sentences, storage
 from tasks.core.catalog import Stage
 from tests.support.paths import REPO as ROOT
 from tests.support.paths import SUPPORT
@@ -132,6 +132,7 @@ def test_demo_chain_runs_every_dag_reports_lineage_and_reruns_idempotently(input
     drifted = manifest.read(store_root, Stage.DRIFT, catalog.partition_key(DAY)).stats  # its own training data
     assert drifted["model_run"] == "demo-student" and drifted["score"] == 0.0 and not drifted["flagged"]
     _assert_the_events_link_the_chain(_completed(events), store_root)
+    _assert_the_datasets_carry_their_contracts(events, store_root)
 
     def manifests() -> dict[str, bytes]:
         keys = [(stage, key) for stage in Stage for key in manifest.list_keys(store_root, stage)]
@@ -181,6 +182,34 @@ def _assert_the_events_link_the_chain(lineage: dict[str, tuple[set[str], set[str
     assert encoded and encoded <= lineage["hpd_retrain.fit_pca"][0]  # teacher embeddings -> PCA
     assert lineage["hpd_retrain.fit_pca"][1] & lineage["hpd_retrain.distill"][0]  # targets -> student
     assert lineage["hpd_retrain.distill"][1] & lineage["hpd_index.build_and_promote"][0]  # student -> index
+
+
+def _assert_the_datasets_carry_their_contracts(events, store_root: str) -> None:
+    """Every published dataset shard is named in a COMPLETE event, and wherever it is (read or written) its schema
+    facet lists its contract's columns (an embedding as a fixed-size list of its value types); other objects
+    (manifests, models, indexes) have none. The catalog tells each shard's contract from its URI."""
+    schemas: dict[str, list[list[tuple[str, str]]]] = {}
+    for line in events.read_text().splitlines():
+        event = json.loads(line)
+        for dataset in event.get("inputs", []) + event.get("outputs", []) if event["eventType"] == "COMPLETE" else []:
+            fields = dataset.get("facets", {}).get("schema", {}).get("fields") or []
+            schemas.setdefault(f"{dataset['namespace']}/{dataset['name']}", []).append(
+                [(f["name"], f["type"]) for f in fields]
+            )
+    shards = {}
+    for stage in Stage:
+        for key in manifest.list_keys(store_root, stage):
+            for output in manifest.read(store_root, stage, key).outputs:
+                assert catalog.dataset_at(store_root, output.uri) == output.contract, output.uri
+                if output.contract:
+                    shards[_dataset(output.uri)] = output.contract
+    teacher = [("sentence_id", "string"), ("embedding", "fixed_size_list<float32|float16>")]
+    assert {"sentences", "teacher_embeddings", "projected_targets", "index_ids"} <= set(shards.values())
+    for name, contract in shards.items():
+        columns = [f.name for f in contracts.load(contract).fields]
+        assert schemas[name] and all([c for c, _ in seen] == columns for seen in schemas[name]), name
+        assert contract != "teacher_embeddings" or all(seen == teacher for seen in schemas[name])
+    assert all(seen == [] for name in set(schemas) - set(shards) for seen in schemas[name])
 
 
 def _dataset(uri: str) -> str:

@@ -107,3 +107,15 @@ def test_search_service_runs_hpd_serve_on_the_pipeline_store():
     assert env["HPD_STORE"] == airflow_env["HPD_STORE"] and env["HPD_AWS_CONN_ID"] == airflow_env["HPD_AWS_CONN_ID"]
     assert {"secretRef": {"name": "hpd-s3-connection"}} in container["envFrom"]
     assert "hpd-s3-connection" in values["extraEnvFrom"]
+
+
+def test_every_deployment_enables_the_stage_tasks_lineage_extractor():
+    """Without the extractor the events lose the datasets' schemas: the Helm values and compose set it."""
+    from tasks.orchestration.lineage_extractor import StageTaskExtractor
+    from tasks.orchestration.openlineage import EXTRACTOR
+
+    assert EXTRACTOR == f"{StageTaskExtractor.__module__}.{StageTaskExtractor.__qualname__}"
+    values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
+    assert values["config"]["openlineage"]["extractors"] == EXTRACTOR
+    compose = yaml.safe_load((INFRA.parent / "docker" / "compose.yaml").read_text())
+    assert compose["x-airflow"]["environment"]["AIRFLOW__OPENLINEAGE__EXTRACTORS"] == EXTRACTOR
