@@ -25,6 +25,9 @@ PACKAGE_DATA = (
     "tasks/stages/distill/model_card.md",
     "schemas/manifest.schema.json",
     "schemas/expectations/sentences.json",
+    "tasks/stages/data_docs_assets/README.md",
+    "tasks/stages/data_docs_assets/jquery-3.7.1/jquery.min.js",
+    "tasks/stages/data_docs_assets/fontawesome-free-6.6.0/webfonts/fa-solid-900.woff2",
 )
 # Build outputs and local state that must not go into the copied tree (nor be written into the checkout).
 _NOT_SOURCE = shutil.ignore_patterns(".*", "__pycache__", "*.pyc", "*.egg-info", "build", "dist", "var")

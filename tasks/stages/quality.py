@@ -5,7 +5,9 @@ text length), ``embeddings`` (one row per vector: id, dimension, finiteness, L2 
 ``dimension_variance`` (one row per dimension of the projected targets). A failed check raises
 :class:`QualityError` listing every failing expectation with a sample of the bad rows; the
 ``quality`` stage checks a partition's datasets, each shard read verified against the sha256 its
-writer's manifest records, and publishes its results only when all pass.
+writer's manifest records, and publishes its results only when all pass: ``results.json`` and the
+great-expectations Data Docs of the run, built to open offline (:mod:`tasks.stages.data_docs`), whose index
+``results.json`` names by store-relative key under ``data_docs`` (:func:`data_docs_index` gives its URI).
 """
 
 from __future__ import annotations
@@ -13,8 +15,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
+from datetime import date
 from functools import cache
 from importlib import resources
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -23,6 +29,7 @@ import pyarrow.compute as pc
 
 from tasks.core import catalog, datasets, manifest, sentences, storage, uris
 from tasks.core.catalog import Dataset, Stage
+from tasks.stages import data_docs
 from tasks.stages.params import QualityParams
 
 SAMPLE_ROWS = 5
@@ -76,38 +83,15 @@ def _fill(value, settings: dict):
 
 def check(suite: str, table: pa.Table, uri: str, **settings) -> dict:
     """Run suite ``suite`` on a shard through a great-expectations checkpoint; raise on failure."""
-    import great_expectations as gx
-    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+    return _checked(suite, table, uri, settings)[0]
 
+
+def _checked(suite: str, table: pa.Table, uri: str, settings: dict) -> tuple[dict, list[Any]]:
+    """:func:`check`, and the identifiers of the validation results its checkpoint stored (for Data Docs)."""
     spec = suite_spec(suite)
     frame = profile(spec["profile"], table)
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-    context = _context()
-    name = f"{suite}-{len(context.suites.all())}"
-    gx_suite = context.suites.add(gx.ExpectationSuite(name=name))
-    for expectation in spec["expectations"]:
-        kwargs = {k: _fill(v, settings) for k, v in expectation["kwargs"].items()}
-        gx_suite.add_expectation(ExpectationConfiguration(type=expectation["type"], kwargs=kwargs).to_domain_obj())
-    batch = context.data_sources.get("hpd").add_dataframe_asset(name).add_batch_definition_whole_dataframe("all")
-    definition = context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch, suite=gx_suite))
-    checkpoint = context.checkpoints.add(
-        gx.Checkpoint(name=name, validation_definitions=[definition], result_format={"result_format": "COMPLETE"})
-    )
-    result = checkpoint.run(batch_parameters={"dataframe": frame})
-    outcomes = []
-    for run in result.run_results.values():
-        for item in run.results:
-            kwargs = {k: v for k, v in item.expectation_config.kwargs.items() if k != "batch_id"}
-            rows = (item.result.get("unexpected_index_list") or [])[:SAMPLE_ROWS]
-            outcomes.append(
-                {
-                    "expectation": item.expectation_config.type,
-                    "kwargs": kwargs,
-                    "success": bool(item.success),
-                    "unexpected_count": item.result.get("unexpected_count"),
-                    "sample_rows": frame.iloc[list(rows)].to_dict("records") if rows else [],
-                }
-            )
+    result = _checkpoint(suite, spec, settings).run(batch_parameters={"dataframe": frame})
+    outcomes = [_outcome(item, frame) for run in result.run_results.values() for item in run.results]
     failed = [o for o in outcomes if not o["success"]]
     _log_outcomes(suite, uri, len(frame), outcomes)
     if failed:
@@ -118,7 +102,39 @@ def check(suite: str, table: pa.Table, uri: str, **settings) -> dict:
                 f"e.g. {o['sample_rows'][:SAMPLE_ROWS]}"
             )
         raise QualityError("\n".join(lines))
-    return {"uri": uri, "suite": suite, "rows": len(frame), "expectations": outcomes}
+    return {"uri": uri, "suite": suite, "rows": len(frame), "expectations": outcomes}, list(result.run_results)
+
+
+def _checkpoint(suite: str, spec: dict, settings: dict) -> Any:
+    """A new checkpoint of suite ``suite`` (its expectations filled in from ``settings``) on a dataframe."""
+    import great_expectations as gx
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
+
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+    context = _context()
+    name = f"{suite}-{len(context.suites.all())}"
+    gx_suite = context.suites.add(gx.ExpectationSuite(name=name))
+    for expectation in spec["expectations"]:
+        kwargs = {k: _fill(v, settings) for k, v in expectation["kwargs"].items()}
+        gx_suite.add_expectation(ExpectationConfiguration(type=expectation["type"], kwargs=kwargs).to_domain_obj())
+    batch = context.data_sources.get("hpd").add_dataframe_asset(name).add_batch_definition_whole_dataframe("all")
+    definition = context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch, suite=gx_suite))
+    return context.checkpoints.add(
+        gx.Checkpoint(name=name, validation_definitions=[definition], result_format={"result_format": "COMPLETE"})
+    )
+
+
+def _outcome(item: Any, frame: pd.DataFrame) -> dict:
+    """One expectation's result: its type and kwargs, whether it passed, and a sample of the bad rows."""
+    kwargs = {k: v for k, v in item.expectation_config.kwargs.items() if k != "batch_id"}
+    rows = (item.result.get("unexpected_index_list") or [])[:SAMPLE_ROWS]
+    return {
+        "expectation": item.expectation_config.type,
+        "kwargs": kwargs,
+        "success": bool(item.success),
+        "unexpected_count": item.result.get("unexpected_count"),
+        "sample_rows": frame.iloc[list(rows)].to_dict("records") if rows else [],
+    }
 
 
 def _log_outcomes(suite: str, uri: str, rows: int, outcomes: list[dict]) -> None:
@@ -158,18 +174,39 @@ def run(params: QualityParams, force: bool = False, progress: bool = False) -> m
     )
     if skipped := stage_run.skip_result(force):
         return skipped
-    results = []
+    results, validated = [], []
     with stage_run.phase("check"):
         for output, suite, settings in checks:
             table = storage.read_parquet(output.uri, sha256=output.sha256)
             if suite == "embeddings" and settings["dim"] is None:
                 settings = {**settings, "dim": table.schema.field("embedding").type.list_size}
-            results.append(check(suite, table, output.uri, **settings))
+            result, identifiers = _checked(suite, table, output.uri, settings)
+            results.append(result)
+            validated.extend(identifiers)
     log.info("quality %s: all %d checks passed", stage_run.key, len(results))
-    body = json.dumps({"partition": stage_run.key, "checks": results}, indent=2, default=str).encode()
-    stage_run.write_output(catalog.quality_results_uri(params.store, params.ingest_date, stage_run.fingerprint), body)
+    docs = catalog.quality_data_docs_prefix(params.store, params.ingest_date, stage_run.fingerprint)
+    with tempfile.TemporaryDirectory(prefix="hpd-data-docs-") as folder:
+        with stage_run.phase("data_docs"):
+            site = data_docs.render(_context(), validated, Path(folder))
+        index = catalog.store_key(params.store, uris.join(docs, "index.html"))
+        body = json.dumps({"partition": stage_run.key, "data_docs": index, "checks": results}, indent=2, default=str)
+        uri = catalog.quality_results_uri(params.store, params.ingest_date, stage_run.fingerprint)
+        stage_run.write_output(uri, body.encode())
+        with stage_run.phase("publish_data_docs"):
+            data_docs.publish(stage_run, site, docs)
+    log.info("quality %s: Data Docs %s", stage_run.key, uris.redact(uris.join(docs, "index.html")))
     stage_run.stats = {"checks": len(results), "rows": sum(r["rows"] for r in results), "passed": True}
     return stage_run.publish()
+
+
+def data_docs_index(store: str, ingest_date: date) -> str | None:
+    """The URI of the Data Docs index of the quality run published for partition ``ingest_date`` (resolved
+    against ``store``), or None when none is (no run, or one from before the Data Docs)."""
+    published = manifest.read(store, Stage.QUALITY, catalog.partition_key(ingest_date))
+    if published is None:
+        return None
+    index = uris.join(catalog.quality_data_docs_prefix(store, ingest_date, published.fingerprint), "index.html")
+    return index if any(output.uri == index for output in published.outputs) else None
 
 
 def planned_checks(params: QualityParams) -> list[tuple[manifest.Output, str, dict]]:

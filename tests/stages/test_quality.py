@@ -1,13 +1,17 @@
+import json
 import logging
 import math
+import re
 from datetime import date
+from importlib import resources
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
-from tasks.core import config, sentences, storage
-from tasks.stages import quality, stage_corpus
+from tasks.core import catalog, config, manifest, sentences, storage
+from tasks.stages import data_docs, quality, stage_corpus
+from tests.support import chromium
 from tests.support.synthetic import correlated_embeddings, publish_teacher_shards
 
 DAY = date(2026, 11, 1)
@@ -85,13 +89,18 @@ def test_duplicate_embedding_ids_and_collapsed_targets():
         quality.check("targets", table, "file:///t", min_variance=1e-8)
 
 
-def test_the_stage_checks_a_partition(store_root, tmp_path, caplog):
+def _staged_partition(store: str, tmp_path) -> quality.QualityParams:
+    """Two sentences staged for DAY in ``store``; the params of their quality run (no teacher)."""
     source = tmp_path / "raw.txt"
     source.write_text("first sentence\nsecond sentence\n")
     stage_corpus.run(
-        config.parse(stage_corpus.StageCorpusParams, {"store": store_root, "source": str(source), "ingest_date": DAY})
+        config.parse(stage_corpus.StageCorpusParams, {"store": store, "source": str(source), "ingest_date": DAY})
     )
-    params = config.parse(quality.QualityParams, {"store": store_root, "ingest_date": DAY, "teacher": None})
+    return config.parse(quality.QualityParams, {"store": store, "ingest_date": DAY, "teacher": None})
+
+
+def test_the_stage_checks_a_partition(store_root, tmp_path, caplog):
+    params = _staged_partition(store_root, tmp_path)
     caplog.set_level(logging.INFO, logger="tasks")
     result = quality.run(params)
     assert result.stats == {"checks": 1, "rows": 2, "passed": True}
@@ -99,6 +108,95 @@ def test_the_stage_checks_a_partition(store_root, tmp_path, caplog):
     suite = len(quality.suite_spec("sentences")["expectations"])
     assert f"quality: suite sentences on {shard} (2 rows): {suite} of {suite} expectations passed" in caplog.messages
     assert quality.run(params).skipped
+
+
+def test_the_stage_publishes_data_docs_listed_in_its_manifest(store_root, tmp_path):
+    result = quality.run(_staged_partition(store_root, tmp_path))
+    docs = catalog.quality_data_docs_prefix(store_root, DAY, result.manifest.fingerprint)
+    index = quality.data_docs_index(store_root, DAY)
+    assert index == f"{docs}/index.html"
+    results = json.loads(storage.read_bytes(result.manifest.output_named("results.json").uri))
+    assert catalog.resolve(store_root, results["data_docs"]) == index
+    listed = {o.uri: o.sha256 for o in result.outputs if o.uri.startswith(docs + "/")}
+    assert sorted(listed) == storage.list_uris(docs)  # every file published there, and only those, is listed
+    assert all(manifest.sha256_hex(storage.read_bytes(uri)) == sha for uri, sha in listed.items())
+    pages = [uri for uri in listed if uri.endswith(".html")]
+    assert (
+        len([p for p in pages if "/validations/" in p]) == 1 and len([p for p in pages if "/expectations/" in p]) == 1
+    )
+    for page in pages:
+        html = storage.read_bytes(page).decode()
+        assert not _REMOTE_LOAD.findall(html), page  # no script, stylesheet, icon or image from the web
+        for ref in data_docs.loaded(html):
+            assert _resolve(page, ref) in listed, (page, ref)  # each loaded file is published and listed
+    assert quality.run(_staged_partition(store_root, tmp_path)).skipped
+    assert quality.data_docs_index(store_root, date(2026, 11, 2)) is None
+
+
+_REMOTE_LOAD = re.compile(r'<(?:script|link|img)\b[^>]*\b(?:src|href)="(?:https?:)?//', re.I)
+
+
+def _resolve(page: str, ref: str) -> str:
+    """The URI that the relative ``ref`` of the page at ``page`` names."""
+    parts = page.split("/")[:-1]
+    for piece in ref.split("/"):
+        if piece == "..":
+            parts.pop()
+        elif piece != ".":
+            parts.append(piece)
+    return "/".join(parts)
+
+
+def test_data_docs_open_offline_in_headless_chromium(store_root, tmp_path):
+    """The Data Docs copied out of the store (as anyone would) load in Chromium with the network off: every
+    script, stylesheet, font and image found, no script error."""
+    quality.run(_staged_partition(store_root, tmp_path))
+    published = manifest.read(store_root, "quality", catalog.partition_key(DAY))
+    docs = quality.data_docs_index(store_root, DAY).removesuffix("index.html")
+    copy = tmp_path / "copy"
+    for output in published.outputs:
+        if output.uri.startswith(docs):
+            path = copy / output.uri.removeprefix(docs)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(storage.read_bytes(output.uri, sha256=output.sha256))
+    pages = [copy / "index.html", *copy.glob("validations/**/*.html"), *copy.glob("expectations/*.html")]
+    assert len(pages) == 3
+    loaded = set()
+    for page in pages:
+        load = chromium.load(page.as_uri(), tmp_path / "profile")
+        assert load.failed == [] and load.errors == [], page
+        assert any(url.endswith("/jquery.min.js") for url in load.requested.values()), page
+        loaded |= set(load.requested.values())
+    assert all(url.startswith((copy.as_uri() + "/", "data:")) for url in loaded)
+    assert any(url.endswith("/fa-solid-900.woff2") for url in loaded)  # the pass/fail icons
+
+
+def test_data_docs_pages_load_only_vendored_files(caplog):
+    """Every URL a GX template loads from the web has a vendored copy (or is dropped on purpose), and each
+    vendored copy is in the package; an unknown one is left as it is, with a warning."""
+    templates = resources.files("great_expectations") / "render" / "view" / "templates"
+    remote = set()
+    for template in templates.iterdir():
+        if template.name.endswith(".j2") and not template.name.startswith("markdown"):
+            remote |= set(
+                re.findall(r'<(?:script|link)\b[^>]*\b(?:src|href)="(https?://[^"{]+)"', template.read_text())
+            )
+    assert remote and remote <= set(data_docs.CDN)
+    assets = resources.files("tasks.stages") / "data_docs_assets"
+    assert all(assets.joinpath(path).is_file() for path in data_docs.CDN.values() if path)
+    page = (
+        '<script src="https://cdn.jsdelivr.net/npm/vega@5"></script>'
+        '<script src="https://code.jquery.com/jquery-3.7.1.min.js" integrity="sha384-x" crossorigin="anonymous">'
+        '</script><link rel="shortcut icon" href="../../static/images/favicon.ico"/>'
+        '<img src="https://example.org/x.png">'
+    )
+    with caplog.at_level(logging.WARNING, logger="tasks"):
+        offline = data_docs.offline_page(page, "../")
+    assert offline == (
+        '<script src="../static/vendor/jquery-3.7.1/jquery.min.js"></script>'
+        '<link rel="shortcut icon" href="../static/images/favicon.ico"/><img src="https://example.org/x.png">'
+    )
+    assert caplog.messages == ["data docs: https://example.org/x.png is not vendored; the page loads it from the web"]
 
 
 def test_the_stage_fails_on_bad_teacher_embeddings_and_publishes_nothing(store_root):

@@ -1,0 +1,140 @@
+"""Open a page in headless Chromium with the network off and record what it loads, through the DevTools
+protocol over a pipe (``--remote-debugging-pipe``: requests in on fd 3, replies out on fd 4, NUL-separated
+JSON), so nothing but the standard library is needed."""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import select
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Headless, no sandbox (containers), and no way out: every host name fails to resolve and every connection
+# goes to a proxy on a closed port.
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--proxy-server=http://127.0.0.1:9",
+    "--remote-debugging-pipe",
+)
+SETTLE_S = 1.0  # after the load event, how long no request may be pending before the page counts as loaded
+
+
+@dataclass
+class PageLoad:
+    """What a page loaded: each request's URL, the failed ones with their error, and the script errors."""
+
+    requested: dict[str, str] = field(default_factory=dict)  # request id -> URL
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (URL, error text)
+    errors: list[str] = field(default_factory=list)  # uncaught exceptions and console errors
+    finished: set[str] = field(default_factory=set)
+
+    def note(self, event: dict[str, Any]) -> None:
+        method, params = event.get("method"), event.get("params", {})
+        if method == "Network.requestWillBeSent":
+            self.requested[params["requestId"]] = params["request"]["url"]
+        elif method in ("Network.loadingFinished", "Network.loadingFailed"):
+            self.finished.add(params["requestId"])
+            if method == "Network.loadingFailed":
+                url = self.requested.get(params["requestId"], "?")
+                self.failed.append((url, params.get("blockedReason") or params["errorText"]))
+        elif method == "Runtime.exceptionThrown":
+            self.errors.append(params["exceptionDetails"].get("exception", {}).get("description", "exception"))
+        elif method == "Log.entryAdded" and params["entry"]["level"] == "error":
+            self.errors.append(params["entry"]["text"])
+
+    @property
+    def pending(self) -> set[str]:
+        return set(self.requested) - self.finished
+
+
+class _Pipe:
+    """The DevTools protocol over Chromium's pipe: send a command, read replies and events."""
+
+    def __init__(self, out_fd: int, in_fd: int) -> None:
+        self.out_fd, self.in_fd, self.buffer, self.next_id = out_fd, in_fd, b"", 0
+
+    def send(self, method: str, session: str | None = None, **params: Any) -> int:
+        self.next_id += 1
+        message = {"id": self.next_id, "method": method, "params": params}
+        os.write(self.out_fd, json.dumps(message | ({"sessionId": session} if session else {})).encode() + b"\0")
+        return self.next_id
+
+    def read(self, timeout: float) -> dict[str, Any] | None:
+        while b"\0" not in self.buffer:
+            if not select.select([self.in_fd], [], [], timeout)[0]:
+                return None
+            chunk = os.read(self.in_fd, 1 << 16)
+            if not chunk:
+                raise RuntimeError("chromium closed its DevTools pipe")
+            self.buffer += chunk
+        message, self.buffer = self.buffer.split(b"\0", 1)
+        return json.loads(message)
+
+    def call(self, method: str, session: str | None = None, **params: Any) -> dict[str, Any]:
+        wanted = self.send(method, session, **params)
+        while (reply := self.read(30)) is not None:
+            if reply.get("id") == wanted:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+        raise TimeoutError(method)
+
+
+def load(url: str, profile: Path, timeout: float = 60) -> PageLoad:
+    """Open ``url`` in headless Chromium (user data in ``profile``), the network off, and record its loads."""
+    to_chrome, from_chrome = os.pipe(), os.pipe()
+
+    def wire() -> None:  # the child's fd 3 reads our commands, its fd 4 writes the replies
+        commands, replies = (fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_chrome[0], from_chrome[1]))
+        os.dup2(commands, 3)
+        os.dup2(replies, 4)
+
+    process = subprocess.Popen(
+        ["chromium", *FLAGS, f"--user-data-dir={profile}", "about:blank"],
+        pass_fds=(3, 4),  # kept open past the close of the others, which follows preexec_fn
+        preexec_fn=wire,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    os.close(to_chrome[0])
+    os.close(from_chrome[1])
+    try:
+        return _record(_Pipe(to_chrome[1], from_chrome[0]), url, timeout)
+    finally:
+        process.kill()
+        process.wait(timeout=30)
+        os.close(to_chrome[1])
+        os.close(from_chrome[0])
+
+
+def _record(pipe: _Pipe, url: str, timeout: float) -> PageLoad:
+    """Navigate a fresh tab to ``url`` and collect its events until it has loaded and settled."""
+    target = pipe.call("Target.createTarget", url="about:blank")["targetId"]
+    session = pipe.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+    for domain in ("Network", "Page", "Runtime", "Log"):
+        pipe.call(f"{domain}.enable", session)
+    pipe.call(
+        "Network.emulateNetworkConditions", session, offline=True, latency=0, downloadThroughput=-1, uploadThroughput=-1
+    )
+    pipe.send("Page.navigate", session, url=url)
+    page, loaded_at, deadline = PageLoad(), None, time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        event = pipe.read(0.2)
+        if event is not None and event.get("sessionId") == session:
+            page.note(event)
+            loaded_at = time.monotonic() if event.get("method") == "Page.loadEventFired" else loaded_at
+        elif event is None and loaded_at and not page.pending and time.monotonic() - loaded_at > SETTLE_S:
+            return page
+    raise TimeoutError(f"{url} did not finish loading in {timeout} s; pending: {page.pending}")
