@@ -6,7 +6,9 @@ manual trigger (params below). It first checks that there is something to learn:
 `partitions`, or encoded partitions the promoted model was not trained on; otherwise it ends there,
 green, distilling nothing. Then: fit the PCA over the selected partitions' teacher embeddings (writing
 the projected targets), distil the student (on the GPU workers' queue, or its executor, where the
-deployment has them; in a pod asking for `nvidia.com/gpu` under the KubernetesExecutor; CPU otherwise),
+deployment has them; in a pod asking for `nvidia.com/gpu` under the KubernetesExecutor; CPU otherwise)
+once the great-expectations suites passed on every partition it learns from (sentences, teacher embeddings,
+projected targets: the quality stage `hpd_quality_report` runs; a failure fails the run before distilling),
 validate it (STS, fidelity, retrieval, quality gate, HTML report). A failed gate fails the run (red, with
 the reasons, scores and report in the log and the alert) and promotes nothing; a passing student becomes
 `models/current.json` and an `hpd_promoted_model` event (store, model run) schedules `hpd_index`.
@@ -89,6 +91,18 @@ def hpd_retrain():
         runtime.run_stage(Stage.FIT_PCA, params)
         return params.name
 
+    @task
+    def training_partitions(pca_name: str, **context) -> list[str]:
+        from tasks.orchestration import runtime
+
+        return runtime.pca_partitions(context, pca_name)
+
+    @task
+    def check_quality(day: str, pca_name: str, **context) -> dict:
+        from tasks.orchestration import runtime
+
+        return runtime.check_quality(context, day, pca_name)
+
     @task(
         queue=GPU_QUEUE,
         executor=DISTILL_EXECUTOR,
@@ -96,27 +110,15 @@ def hpd_retrain():
         execution_timeout=pendulum.duration(hours=12),
     )
     def distill(pca_name: str, **context) -> str:
-        from tasks.core.catalog import Stage
         from tasks.orchestration import runtime
 
-        p = runtime.run_params(context)
-        values = runtime.pick(
-            p, "teacher", "partitions", "student", "student_layers", "epochs", "max_steps", "batch_size", "lr", "amp"
-        )
-        values.update(pca_name=pca_name, name=p["name"] or runtime.run_name(context))
-        params = runtime.stage_params(Stage.DISTILL, values, p)
-        runtime.run_stage(Stage.DISTILL, params)
-        return params.name
+        return runtime.distill(context, pca_name)
 
     @task
     def validate(model_run: str, **context) -> dict:
-        from tasks.core.catalog import Stage
         from tasks.orchestration import runtime
 
-        p = runtime.run_params(context)
-        values = {"model_run": model_run, **runtime.pick(p, "min_stsb", "min_sickr", "max_regression")}
-        result = runtime.run_stage(Stage.VALIDATE, runtime.stage_params(Stage.VALIDATE, values, p))
-        return runtime.gate_verdict(result)  # a failed gate raises: the run is red, nothing promoted
+        return runtime.validate(context, model_run)  # a failed gate raises: the run is red, nothing promoted
 
     @task(outlets=[PROMOTED_MODEL])
     def announce_promotion(model_run: str, verdict: dict, **context) -> dict:
@@ -126,7 +128,9 @@ def hpd_retrain():
 
     pca_name = fit_pca()
     new_data() >> pca_name
+    checked = check_quality.partial(pca_name=pca_name).expand(day=training_partitions(pca_name))
     model_run = distill(pca_name)
+    checked >> model_run
     announce_promotion(model_run, validate(model_run))
 
 

@@ -170,10 +170,15 @@ def _rows(run: Run) -> dict[str, Any]:
 def compare(store: str, a: str, b: str) -> Comparison:
     """Runs ``a`` and ``b`` side by side, row by row, the differing rows marked."""
     promoted = promoted_run(store)
-    first, second = (_rows(read_run(store, name, promoted)) for name in (a, b))
+    return compare_runs(read_run(store, a, promoted), read_run(store, b, promoted))
+
+
+def compare_runs(a: Run, b: Run) -> Comparison:
+    """Two runs as read (or, for a run being validated, as measured so far) side by side, row by row."""
+    first, second = _rows(a), _rows(b)
     names = list(first) + [name for name in second if name not in first]
     rows = [Row(n, first.get(n), second.get(n), first.get(n) != second.get(n)) for n in names]
-    return Comparison(a, b, rows)
+    return Comparison(a.name, b.name, rows)
 
 
 # -- rendering ----------------------------------------------------------------------------------------------

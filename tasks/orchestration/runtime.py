@@ -140,6 +140,45 @@ def has_new_data(context: dict) -> bool:
     return True
 
 
+def pca_partitions(context: dict, pca_name: str) -> list[str]:
+    """The partitions (ingest dates) whose teacher embeddings the run's PCA run ``pca_name`` read."""
+    from tasks.core import lineage
+
+    params = run_params(context)
+    store = store_of(params)
+    fitted = manifest.read(store, Stage.FIT_PCA, catalog.pca_key(params["teacher"], pca_name))
+    if fitted is None:
+        raise AirflowFailException(f"{store}: no published PCA run {pca_name!r} of {params['teacher']!r}")
+    days = sorted(lineage.partitions_read(store, fitted))
+    log.info("PCA run %s was fitted on partitions %s", pca_name, [d.isoformat() for d in days])
+    return [d.isoformat() for d in days]
+
+
+def check_quality(context: dict, day: str, pca_name: str) -> dict[str, Any]:
+    """The quality stage on partition ``day`` with the targets of PCA run ``pca_name``: a failure fails the task."""
+    params = run_params(context)
+    values = {"teacher": params["teacher"], "pca_name": pca_name, "ingest_date": day}
+    return run_stage(Stage.QUALITY, stage_params(Stage.QUALITY, values, params)).stats
+
+
+def distill(context: dict, pca_name: str) -> str:
+    """The distill stage on the targets of ``pca_name`` with the run's params; the model run's name (the run's
+    ``name``, else one derived from the Airflow run id)."""
+    params = run_params(context)
+    settings = ("teacher", "partitions", "student", "student_layers", "epochs", "max_steps", "batch_size", "lr", "amp")
+    values = {**pick(params, *settings), "pca_name": pca_name, "name": params["name"] or run_name(context)}
+    parsed = stage_params(Stage.DISTILL, values, params)
+    run_stage(Stage.DISTILL, parsed)
+    return parsed.name
+
+
+def validate(context: dict, model_run: str) -> dict[str, Any]:
+    """The validate stage on ``model_run`` with the run's gate params; its verdict (a failed gate raises)."""
+    params = run_params(context)
+    values = {"model_run": model_run, **pick(params, "min_stsb", "min_sickr", "max_regression")}
+    return gate_verdict(run_stage(Stage.VALIDATE, stage_params(Stage.VALIDATE, values, params)))
+
+
 def partition_drift(context: dict) -> dict[str, Any]:
     """The drift stage's result for the run's partition against the promoted model's training data, flagged at
     the run's ``drift_threshold``; ``{"flagged": False, "model_run": None}`` while no model is promoted."""

@@ -3,6 +3,7 @@ import json
 import logging
 import re
 from datetime import date
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -82,6 +83,20 @@ def test_the_gate_refuses_and_the_pointer_stays(store):
     assert any("below the minimum 99.00" in reason for reason in gate["reasons"])
     assert gate["reference"] == "promoted model good"
     assert storage.read_bytes(catalog.pointer_uri(store, Pointer.MODEL)) == before
+    versus = result.stats["versus_promoted"]  # 'short' against the promoted 'good'
+    promoted = json.loads(before)["scores"]
+    student = result.stats["sts"]["student"]
+    assert versus["run"] == "good"
+    assert versus["sts_delta"] == {s: round(student[s] - promoted[s], 2) for s in validate.GATED}
+    assert versus["neighbours"]["queries"] == 100 and 0 <= versus["neighbours"]["overlap_at_10"] < 1
+    differences = {row["name"]: (row["a"], row["b"]) for row in versus["differences"]}
+    assert differences["params.max_steps"] == (1, 20) and differences["gate"] == ("failed", "passed")
+    assert differences["validate.params.min_stsb"] == (99.0, None) and "params.teacher" not in differences
+    page = storage.read_bytes(result.manifest.output_named("report.html").uri).decode()
+    text = _visible_text(page)
+    assert "Compared with the promoted run good . Student STS, this run minus promoted: STS-B test" in text
+    assert "params.max_steps 1 20" in text
+    assert f"Neighbour overlap@10: {versus['neighbours']['overlap_at_10']:.4f}" in text
 
 
 def test_gate_rules_by_hand(caplog):
@@ -177,6 +192,12 @@ def test_report_renders_offline_in_headless_chromium(store, tmp_path):
     assert 'id="drift"' in dom and "Drift score 0.0000, below the threshold 0.2500" in text  # its own data
     assert f"Partitions {DAY} against those of good: {DAY}" in text
     assert _LONG_DECIMALS.findall(text) == []
+    assert f"{catalog.partition_key(DAY)} Data Docs" in text  # the quality run of the partition it trained on
+    href = re.search(r'<a class="data-docs" href="([^"]+)"', dom).group(1)
+    assert (
+        not href.startswith(("/", "file:"))
+        and (Path(page_uri.removeprefix("file://")).parent / href).resolve().is_file()
+    )
     evals = json.loads(storage.read_bytes(manifest.read(store, "distill", "good").output_named("metrics.json").uri))
     assert len(evals["evals"]) >= 10  # eval_every unset: about 20 validations a run, a curve to read
 
@@ -217,7 +238,7 @@ def test_report_shows_the_header_the_rules_and_a_student_below_its_baseline():
         "norms": {"teacher": np.ones(200), "student": rng.normal(4, 0.3, 200)},
     }
     header = [("model run", "demo"), ("validated", "2026-11-30 15:20 UTC"), ("code version", "git:abc")]
-    page = render("Validation of demo", report, plots, [], [], header)
+    page = render("Validation of demo", report, plots, [], {}, header, None)
     text = _visible_text(page)
     assert "model run demo validated 2026-11-30 15:20 UTC code version git:abc" in text
     assert "Quality gate: passed" in text and "all checks passed" not in text
@@ -232,6 +253,17 @@ def test_report_shows_the_header_the_rules_and_a_student_below_its_baseline():
     assert "fidelity val_cosine 0.8224 fidelity val_mse 1.943e-03" in text
     assert _LONG_DECIMALS.findall(text) == [] and _LONG_DECIMALS.findall(page.split("<body>")[1]) == []
     assert page.count('src="data:image/png;base64,') == 4
+
+
+def test_report_marks_a_training_partition_no_quality_run_checked():
+    from tasks.stages.validate.report_parts import quality_section
+
+    checks = [{"uri": "s3://b/s/sentences/x.parquet", "suite": "sentences", "rows": 120, "expectations": []}]
+    quality = {"ingest_date=2026-11-01": None, "ingest_date=2026-11-02": {"checks": checks, "data_docs": None}}
+    text = _visible_text(quality_section(quality, "validation/run/0123456789ab/report.html"))
+    assert "ingest_date=2026-11-01: no data-quality run is published ( hpd quality --ingest-date 2026-11-01 )" in text
+    assert "ingest_date=2026-11-02 shard suite rows passed s3://b/s/sentences/x.parquet sentences 120 0/0" in text
+    assert "Data Docs" not in text
 
 
 def test_report_warns_when_the_training_data_drifted():

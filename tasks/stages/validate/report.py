@@ -11,7 +11,17 @@ from typing import Any
 import numpy as np
 
 from tasks.core.manifest import Input
-from tasks.stages.validate.report_parts import below_baseline, drift_section, gate_section, header_table, metric, score
+from tasks.stages.validate.report_parts import (
+    below_baseline,
+    drift_section,
+    gate_section,
+    header_table,
+    metric,
+    quality_section,
+    score,
+    table,
+    versus_section,
+)
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2rem;max-width:70rem;color:#222}
 table{border-collapse:collapse;margin:1rem 0}td,th{border:1px solid #bbb;padding:.3rem .6rem;text-align:right}
@@ -37,18 +47,20 @@ def _png(draw, panels: int = 1) -> str:
     return f'<img alt="plot" src="data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()}">'
 
 
-def _table(header: list[str], rows: list[list]) -> str:
-    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
-
-
-def render(
-    title: str, report: dict, plots: dict, lineage: list[Input], quality: list[dict], header: list[tuple[str, str]]
+def render(  # noqa: PLR0913 - the report's parts
+    title: str,
+    report: dict,
+    plots: dict,
+    lineage: list[Input],
+    quality: dict[str, dict | None],
+    header: list[tuple[str, str]],
+    report_key: str | None,
 ) -> str:
     """HTML for a validation run. ``plots`` holds ``explained_variance_ratio``, ``losses`` [(step, loss)],
-    ``evals`` [{step, val_mse}], ``sts_scatter`` (predicted, gold) and ``norms`` {name: array}; ``header``
-    the (label, value) rows naming the run. Numbers are rounded; metrics.json keeps them unrounded."""
+    ``evals`` [{step, val_mse}], ``sts_scatter`` (predicted, gold) and ``norms`` {name: array}; ``quality`` the
+    quality results of each partition the model learnt from (None: not checked); ``header`` the (label, value)
+    rows naming the run; ``report_key`` where the page is published in the store (links to other objects of the
+    store are relative to it, so they hold in a copy). Numbers are rounded; metrics.json keeps them unrounded."""
     fidelity = report.get("fidelity") or {}
     measured = [[f"fidelity {k}", metric(v)] for k, v in fidelity.items()]
     measured += [[f"retrieval {k}", metric(v)] for k, v in report["retrieval"].items()]
@@ -60,18 +72,20 @@ def render(
         "<h2>STS (Spearman ×100 of cosine similarity)</h2>",
         _sts_table(report["sts"]),
         "<h2>Distillation fidelity and retrieval</h2>",
-        _table(["metric", "value"], measured),
+        table(["metric", "value"], measured),
         "<h2>Plots</h2>",
         "".join(
             f"<figure>{_png(draw, panels)}<figcaption>{html.escape(caption)}</figcaption></figure>"
             for caption, draw, panels in _figures(plots)
         ),
+        "<h2>Against the promoted model</h2>",
+        versus_section(report.get("versus_promoted")),
         "<h2>Drift of the training data from the promoted model's</h2>",
         drift_section(report.get("drift")),
-        "<h2>Data quality (great-expectations)</h2>",
-        _quality_table(quality),
+        "<h2>Data quality of the training partitions (great-expectations)</h2>",
+        quality_section(quality, report_key),
         "<h2>Lineage</h2>",
-        _table(["input", "sha256", "rows"], [[i.uri, i.sha256[:16], metric(i.rows)] for i in lineage]),
+        table(["input", "sha256", "rows"], [[i.uri, i.sha256[:16], metric(i.rows)] for i in lineage]),
         "<p>Unrounded values: <code>metrics.json</code>, next to this report.</p>",
     ]
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -92,16 +106,6 @@ def _sts_table(sts: dict[str, dict[str, float]]) -> str:
             cells += f"<td{attributes}>{score(row[s])}{' ▼' if marked else ''}</td>"
         rows += f"<tr><td>{html.escape(name)}</td>{cells}</tr>"
     return f"<table><tr>{head}</tr>{rows}</table>"
-
-
-def _quality_table(quality: list[dict]) -> str:
-    if not quality:
-        return "<p>No data-quality results.</p>"
-    rows = [
-        [q["uri"], q["suite"], q["rows"], f"{sum(e['success'] for e in q['expectations'])}/{len(q['expectations'])}"]
-        for q in quality
-    ]
-    return _table(["shard", "suite", "rows", "expectations passed"], rows)
 
 
 def _figures(plots: dict) -> list[tuple[str, Callable[[Any], None], int]]:

@@ -6,6 +6,7 @@ or :func:`metric` (everything else: 4 significant digits, never more than 4 deci
 from __future__ import annotations
 
 import html
+import posixpath
 from datetime import datetime
 from typing import Any
 
@@ -49,6 +50,13 @@ def run_header(store: str, distilled: manifest.Manifest, validated_at: str) -> l
         ("student", str(params.get("student")) + (f" (first {layers} layers)" if layers else "")),
         ("PCA", str(params.get("pca_name"))),
     ]
+
+
+def table(header: list[str], rows: list[list], attributes: str = "") -> str:
+    """An HTML table of ``rows`` (cells escaped) under ``header``."""
+    head = "".join(f"<th>{html.escape(str(h))}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+    return f"<table{attributes}><tr>{head}</tr>{body}</table>"
 
 
 def header_table(rows: list[tuple[str, str]]) -> str:
@@ -129,3 +137,62 @@ def _rules_table(gate: dict) -> str:
             + f'<td class="{outcome}">{outcome}</td></tr>'
         )
     return f'<table id="gate-rules"><tr>{head}</tr>{body}</table>'
+
+
+def quality_section(quality: dict[str, dict | None], report_key: str | None) -> str:
+    """Per partition the model learnt from, its quality run's checks and a link to its Data Docs (relative to
+    the report, ``report_key``, so it holds in a copied store); a partition no quality run checked is marked."""
+    if not quality:
+        return "<p>The run records no training partitions.</p>"
+    parts = []
+    for partition, results in quality.items():
+        if results is None:
+            day = partition.split("=", 1)[-1]
+            parts.append(
+                f'<p class="warn">{html.escape(partition)}: no data-quality run is published '
+                f"(<code>hpd quality --ingest-date {html.escape(day)}</code>).</p>"
+            )
+            continue
+        docs = results.get("data_docs")
+        link = ""
+        if docs and report_key:
+            href = posixpath.relpath(docs, posixpath.dirname(report_key))
+            link = f' <a class="data-docs" href="{html.escape(href)}">Data Docs</a>'
+        rows = [
+            [
+                c["uri"],
+                c["suite"],
+                metric(c["rows"]),
+                f"{sum(e['success'] for e in c['expectations'])}/{len(c['expectations'])}",
+            ]
+            for c in results["checks"]
+        ]
+        parts.append(f"<h3>{html.escape(partition)}{link}</h3>" + table(["shard", "suite", "rows", "passed"], rows))
+    return "".join(parts)
+
+
+def versus_section(versus: dict[str, Any] | None) -> str:
+    """The run against the promoted one: STS deltas, neighbour agreement, and every row of ``hpd runs compare``
+    that differs (this run, the promoted one)."""
+    if versus is None:
+        return "<p>No other model is promoted: nothing to compare with.</p>"
+    if "error" in versus:
+        return f'<p class="warn">Not compared with {html.escape(versus["run"])}: {html.escape(versus["error"])}</p>'
+    run = html.escape(versus["run"])
+    deltas = ", ".join(f"{html.escape(s)} {d:+.2f}" for s, d in versus["sts_delta"].items())
+    lines = [f"<p>Compared with the promoted run <b>{run}</b>. Student STS, this run minus promoted: {deltas}.</p>"]
+    if neighbours := versus.get("neighbours"):
+        lines.append(
+            f"<p>Neighbour overlap@10: {metric(neighbours['overlap_at_10'])} (share of each of "
+            f"{neighbours['queries']} corpus sentences' 10 nearest that both students return).</p>"
+        )
+    rows = [[row["name"], _cell(row["a"]), _cell(row["b"])] for row in versus["differences"]]
+    lines.append(table(["differs", "this run", run], rows, ' id="versus"'))
+    return "".join(lines)
+
+
+def _cell(value: Any) -> str:
+    """A compared value: rounded like every number here, lists comma-separated."""
+    if isinstance(value, list):
+        return ", ".join(_cell(v) for v in value)
+    return metric(value)

@@ -14,12 +14,13 @@ import json
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from tasks.core import datasets, manifest, sentences, storage
+from tasks.core import catalog, datasets, manifest, sentences, storage
 from tasks.core.catalog import Stage
 from tasks.ml import metrics, sts
 from tasks.stages import encode_teacher
@@ -28,6 +29,7 @@ from tasks.stages.validate.errors import ValidationError
 from tasks.stages.validate.promotion import BASELINE
 
 Encode = Callable[[list[str]], np.ndarray]
+RESULTS = "results.json"  # the quality stage's results, one per partition
 
 
 @dataclass(frozen=True)
@@ -42,10 +44,14 @@ class Measurements:
     sts: dict[str, dict[str, float]]  # encoder -> pair set -> score
     retrieval: dict[str, Any]
     plots: dict[str, Any]
+    neighbours_vs_promoted: dict[str, Any] | None = None
 
 
-def measure(params: ValidateParams, distilled: manifest.Manifest, pair_sets: list[sts.PairSet]) -> Measurements:
-    """Score the exported student of ``distilled`` and its references on ``pair_sets`` and a corpus sample."""
+def measure(
+    params: ValidateParams, distilled: manifest.Manifest, pair_sets: list[sts.PairSet], promoted_run: str | None
+) -> Measurements:
+    """Score the exported student of ``distilled`` and its references on ``pair_sets`` and a corpus sample; with
+    ``promoted_run`` (another run), also how far both students agree on the sample's neighbours."""
     from tasks.ml import student
     from tasks.ml.encoder import SentenceEncoder
 
@@ -66,7 +72,25 @@ def measure(params: ValidateParams, distilled: manifest.Manifest, pair_sets: lis
             },
             **training_curves(distilled),
         }
-        return Measurements(table, _retrieval(model.encode, student_corpus, corpus, stsb), plots)
+        overlap = None
+        if promoted_run is not None:
+            overlap = _neighbour_overlap(params.store, promoted_run, student_corpus, corpus.texts, Path(scratch))
+        return Measurements(table, _retrieval(model.encode, student_corpus, corpus, stsb), plots, overlap)
+
+
+def _neighbour_overlap(
+    store: str, promoted_run: str, student_corpus: np.ndarray, texts: list[str], scratch: Path
+) -> dict[str, Any]:
+    """The mean share of each sample sentence's 10 nearest sample sentences that the promoted run's student also
+    ranks among its 10 nearest (1: the same neighbours, as each index would return them)."""
+    from tasks.ml import student
+    from tasks.ml.encoder import SentenceEncoder
+
+    promoted = SentenceEncoder.load(str(student.fetch_exported(store, promoted_run, scratch / "promoted")))
+    theirs = promoted.encode(texts)
+    ours = metrics.nearest(student_corpus, student_corpus, 10, exclude_self=True)
+    overlap = metrics.recall_at_k(ours, metrics.nearest(theirs, theirs, 10, exclude_self=True))
+    return {"run": promoted_run, "overlap_at_10": round(overlap, 4), "queries": len(texts)}
 
 
 def _encoders(
@@ -149,11 +173,12 @@ def corpus_sample(store: str, teacher: str, size: int) -> CorpusSample:
     return CorpusSample(ids, texts, np.concatenate(vectors))
 
 
-def quality_results(store: str) -> list[dict]:
-    """The data-quality checks published for every staged partition (those that ran)."""
-    results = []
-    for key in manifest.list_keys(store, Stage.QUALITY):
+def quality_results(store: str, days: set[date]) -> dict[str, dict | None]:
+    """Per partition key of ``days`` (those the model learnt from), the results its published quality run
+    recorded (``checks``, and where its Data Docs are), None where no quality run is published."""
+    results: dict[str, dict | None] = {}
+    for day in sorted(days):
+        key = catalog.partition_key(day)
         published = manifest.read(store, Stage.QUALITY, key)
-        for output in published.outputs if published else ():
-            results.extend(json.loads(_read_output(output))["checks"])
+        results[key] = None if published is None else json.loads(_read_output(published.output_named(RESULTS)))
     return results

@@ -5,12 +5,12 @@ from __future__ import annotations
 import json
 import logging
 
-from tasks.core import catalog, manifest, storage, uris
+from tasks.core import catalog, lineage, manifest, storage, uris
 from tasks.core.catalog import Pointer, Stage
 from tasks.ml import sts
 from tasks.stages import drift
 from tasks.stages.params import ValidateParams
-from tasks.stages.validate import promotion, scoring
+from tasks.stages.validate import promotion, scoring, versus
 from tasks.stages.validate.errors import ValidationError
 from tasks.stages.validate.pairs import read_pairs
 
@@ -19,9 +19,6 @@ log = logging.getLogger(__name__)
 
 def run(params: ValidateParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Measure the student of ``params.model_run``, apply the gate, promote on success."""
-    from tasks.stages.validate.report import render
-    from tasks.stages.validate.report_parts import run_header
-
     distilled = manifest.read(params.store, Stage.DISTILL, params.model_run)
     if distilled is None:
         raise ValidationError(f"{params.store}: no published distill run {params.model_run!r}")
@@ -37,8 +34,9 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     promoted, promoted_etag = catalog.read_pointer(params.store, Pointer.MODEL)
     if skipped := stage_run.skip_result(force):
         return skipped
+    other = promoted.model_run if promoted and promoted.model_run != params.model_run else None
     with stage_run.phase("encode_and_score"):
-        measured = scoring.measure(params, distilled, pair_sets)
+        measured = scoring.measure(params, distilled, pair_sets, other)
     _log_measurements(params.model_run, measured, distilled.stats.get("exported"))
     with stage_run.phase("drift"):
         training_drift = _training_drift(params.store, distilled, promoted.model_run if promoted else None)
@@ -51,18 +49,15 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
         "gate": decision,
         "drift": training_drift,
     }
-    page = render(
-        f"Validation of {params.model_run}",
+    report["versus_promoted"] = versus.against_promoted(
+        params.store,
+        distilled,
         report,
-        measured.plots,
-        [*stage_run.inputs, *distilled.inputs],
-        scoring.quality_results(params.store),
-        run_header(params.store, distilled, stage_run.started_at),
+        manifest.recorded_params(stage_run.params),
+        measured.neighbours_vs_promoted,
+        promoted,
     )
-    prefix = catalog.validation_prefix(params.store, params.model_run, stage_run.fingerprint)
-    stage_run.write_output(storage.join(prefix, "metrics.json"), json.dumps(report, indent=2).encode())
-    stage_run.write_output(storage.join(prefix, "report.html"), page.encode())
-    log.info("validate %s: report %s", params.model_run, uris.redact(storage.join(prefix, "report.html")))
+    _write_report(stage_run, distilled, report, measured.plots)
     stage_run.stats = report
     result = stage_run.publish()
     if decision["passed"] and params.promote:
@@ -74,6 +69,27 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
             "the gate failed" if params.promote else "promote is off",
         )
     return result
+
+
+def _write_report(stage_run: manifest.StageRun, distilled: manifest.Manifest, report: dict, plots: dict) -> None:
+    """``metrics.json`` (unrounded) and ``report.html`` of the validation, as the run's outputs."""
+    from tasks.stages.validate.report import render
+    from tasks.stages.validate.report_parts import run_header
+
+    store, model_run = stage_run.store, distilled.key
+    prefix = catalog.validation_prefix(store, model_run, stage_run.fingerprint)
+    page = render(
+        f"Validation of {model_run}",
+        report,
+        plots,
+        [*stage_run.inputs, *distilled.inputs],
+        scoring.quality_results(store, lineage.partitions_read(store, distilled)),
+        run_header(store, distilled, stage_run.started_at),
+        catalog.store_key(store, storage.join(prefix, "report.html")),
+    )
+    stage_run.write_output(storage.join(prefix, "metrics.json"), json.dumps(report, indent=2).encode())
+    stage_run.write_output(storage.join(prefix, "report.html"), page.encode())
+    log.info("validate %s: report %s", model_run, uris.redact(storage.join(prefix, "report.html")))
 
 
 def _training_drift(store: str, distilled: manifest.Manifest, promoted_run: str | None) -> dict | None:
