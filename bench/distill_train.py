@@ -1,49 +1,68 @@
-"""Student training throughput against sentence-transformers' trainer with its MSELoss.
+"""Student training throughput against sentence-transformers' trainer with its MSELoss, like for like.
 
 Same data (2,000 vendored corpus sentences with 128-d projected targets from the pipeline's PCA
 stage over the packaged teacher all-mpnet-base-v2, encoded in bf16 to keep the set-up short; only
-the student's training steps are timed, so the teacher only supplies the targets), same
-student (all-MiniLM-L6-v2 + mean pooling + Dense(128, tanh)), same batch (64), same threads.
-Ours: the distillation stage's trainer, fp32 and with bf16 autocast (the headline); baseline:
-``SentenceTransformerTrainer`` in fp32 (``bench/st_trainer_baseline.py``). Warm-up steps excluded.
+the student's training steps are timed, so the teacher only supplies the targets), same student
+(all-MiniLM-L6-v2, sequences cut at 128 tokens, mean pooling, Dense(128, tanh), BERT pooler dropped),
+same batches in the same order (batch 64), same threads, same steps. Ours: the distillation stage's
+``Trainer.train_step``; baseline: ``SentenceTransformerTrainer`` + ``losses.MSELoss``
+(``bench/st_trainer_baseline.py``). Two like-for-like pairs, interleaved round by round
+(``bench/_paired.py``) after one untimed warm-up round: bf16 autocast on both sides (the headline) and
+fp32 on both. Every run builds a fresh student and excludes its first ``WARMUP`` steps from the timing.
 """
 
 from __future__ import annotations
 
 import os
+import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import date
+from itertools import islice
 from pathlib import Path
 
-from bench import results, st_trainer_baseline
+import numpy as np
+
+from bench import _paired, results, st_trainer_baseline
 from tasks.core import config, storage
 from tasks.ml import models
 from tasks.stages import distill, encode_teacher, fit_pca, stage_corpus
-from tasks.stages.distill.data import Position, TrainingData, shard_pairs
+from tasks.stages.distill.data import Batch, Position, TrainingData, shard_pairs
 
 ROOT = Path(__file__).parents[1]
-SENTENCES, BATCH, STEPS, WARMUP = 2_000, 64, 10, 2
-THREADS = len(os.sched_getaffinity(0))
+SENTENCES, BATCH, WARMUP = 2_000, 64, st_trainer_baseline.WARMUP
+STEPS = int(os.environ.get("HPD_BENCH_STEPS", 5))
+ROUNDS = int(os.environ.get("HPD_BENCH_ROUNDS", 5))
+THREADS = int(os.environ.get("HPD_BENCH_THREADS", len(os.sched_getaffinity(0))))
 DAY = date(2026, 1, 1)
+PCA = "k128-uncentered"
+BF16_MECHANISM = {
+    "ours": "DistillParams amp='bf16': torch.autocast('cpu', bfloat16) around the student's transformer "
+    "(SentenceEncoder.forward); pooling, Dense head and MSE in fp32; weights and optimizer fp32",
+    "sentence-transformers": "SentenceTransformerTrainingArguments(bf16=True): Accelerate wraps the model's "
+    "forward in torch.autocast('cpu', bfloat16) (transformer, pooling, Dense head), outputs cast to fp32 "
+    "before MSELoss; weights and optimizer fp32",
+}
+DIFFERENCES = [
+    "bf16 autocast scope: ours covers the transformer only; sentence-transformers' covers pooling and the "
+    "Dense(384->128) head too (a negligible share of the compute)",
+    "optimizer implementation: ours torch.optim.AdamW with torch's CPU default (foreach/fused unset: the "
+    "per-tensor loop), the trainer its default optim (fused AdamW, last_run.st_*.optimizer); same "
+    "hyper-parameters (lr 1e-4, weight decay 0.01 off biases/LayerNorm, clip 1.0); last_run.optimizer_step "
+    "times one step of each, alone",
+    "LR schedule: ours linear decay over the stage's step budget, the trainer constant (no effect on speed)",
+    "Dense head random init draws differ (PyTorch default init on both; no effect on speed)",
+]
 
 
 def _prepare(tmp: Path) -> tuple[str, str]:
     store = storage.to_uri(str(tmp / "store"))
     teacher = models.DEFAULT_TEACHER
     models.resolve(teacher)  # offline, from the packaged model; fails early if it is not installed
-    stage_corpus.run(
-        config.parse(
-            stage_corpus.StageCorpusParams,
-            {
-                "store": store,
-                "source": str(ROOT / "data" / "corpus" / "sentences.tsv.gz"),
-                "column": "sentence",
-                "limit": SENTENCES,
-                "ingest_date": DAY,
-            },
-        )
-    )
+    source = str(ROOT / "data" / "corpus" / "sentences.tsv.gz")
+    corpus = {"store": store, "source": source, "column": "sentence", "limit": SENTENCES, "ingest_date": DAY}
+    stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, corpus))
     encode_teacher.run(
         config.parse(
             encode_teacher.EncodeTeacherParams,
@@ -54,16 +73,13 @@ def _prepare(tmp: Path) -> tuple[str, str]:
     return store, teacher
 
 
-def _ours(store: str, teacher: str, amp: str) -> float:
-    import torch
-
-    torch.set_num_threads(THREADS)
-    params = config.parse(
+def _params(store: str, teacher: str, amp: str) -> distill.DistillParams:
+    return config.parse(
         distill.DistillParams,
         {
             "store": store,
             "teacher": teacher,
-            "pca_name": "k128-uncentered",
+            "pca_name": PCA,
             "batch_size": BATCH,
             "init": "random",
             "amp": amp,
@@ -73,49 +89,111 @@ def _ours(store: str, teacher: str, amp: str) -> float:
             "name": f"bench-{amp}",
         },
     )
-    data = TrainingData(shard_pairs(store, teacher, "k128-uncentered"), params.seed, 0.02, 64)
-    trainer = distill.Trainer(params, data, "cpu", distill.Distributed(), "bench")
+
+
+def _ours(store: str, teacher: str, data: TrainingData, batches: list[Batch], amp: str, notes: dict) -> float:
+    """Seconds of the timed steps of one fresh run of the distillation stage's trainer."""
+    import torch
+
+    torch.set_num_threads(THREADS)
+    trainer = distill.Trainer(_params(store, teacher, amp), data, "cpu", distill.Distributed(), "bench")
     trainer.model.train()
-    batches = data.batches(Position(), BATCH)
-    for _ in range(WARMUP):
-        trainer.train_step(next(batches))
+    for batch in batches[:WARMUP]:
+        trainer.train_step(batch)
     start = time.perf_counter()
-    for _ in range(STEPS):
-        trainer.train_step(next(batches))
-    return STEPS * BATCH / (time.perf_counter() - start)
+    for batch in batches[WARMUP:]:
+        loss = trainer.train_step(batch)
+    seconds = time.perf_counter() - start
+    notes[f"ours_{'fp32' if amp == 'off' else amp}"] = {"final_loss": loss, "torch_threads": torch.get_num_threads()}
+    return seconds
+
+
+def _optimizer_steps(store: str, teacher: str, data: TrainingData) -> dict:
+    """Milliseconds of one AdamW step over the student's parameters: our stage's optimizer (as built by
+    ``Optimization``) against fused AdamW (the trainer's default), same groups and lr; interleaved, median."""
+    import torch
+
+    trainer = distill.Trainer(_params(store, teacher, "off"), data, "cpu", distill.Distributed(), "bench")
+    for p in trainer.model.parameters():
+        p.grad = torch.randn_like(p)
+    ours = trainer.optim.optimizer
+    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in ours.param_groups]
+    optimizers = {"ours": ours, "fused": torch.optim.AdamW(groups, lr=ours.defaults["lr"], fused=True)}
+    ms: dict[str, list[float]] = {name: [] for name in optimizers}
+    for r in range(6):
+        for name, optimizer in optimizers.items():
+            start = time.perf_counter()
+            optimizer.step()
+            if r:  # the first step allocates the state
+                ms[name].append(1000 * (time.perf_counter() - start))
+    found = {f"{name}_ms": round(statistics.median(v), 1) for name, v in ms.items()}
+    return {**found, "ours_settings": {k: ours.defaults[k] for k in ("foreach", "fused")}}
+
+
+def _theirs(batches: list[Batch], bf16: bool, notes: dict) -> float:
+    """Seconds of the timed steps of one fresh sentence-transformers trainer run on the same batches."""
+    texts = [t for batch in batches for t in batch.texts]
+    targets = np.concatenate([batch.targets for batch in batches])
+    student = str(models.resolve(models.DEFAULT_STUDENT))
+    found = st_trainer_baseline.measure(student, texts, targets, BATCH, THREADS, STEPS, bf16=bf16)
+    kept = ("final_loss", "torch_threads", "optimizer", "how")
+    notes[f"st_{'bf16' if bf16 else 'fp32'}"] = {k: found[k] for k in kept}
+    return found["seconds"]
+
+
+def _variants(store: str, teacher: str, notes: dict) -> dict[str, Callable[[], float]]:
+    data = TrainingData(shard_pairs(store, teacher, PCA), 0, 0.02, 64)
+    batches = list(islice(data.batches(Position(), BATCH), WARMUP + STEPS))
+    return {
+        "ours_bf16": lambda: _ours(store, teacher, data, batches, "bf16", notes),
+        "st_bf16": lambda: _theirs(batches, True, notes),
+        "ours_fp32": lambda: _ours(store, teacher, data, batches, "off", notes),
+        "st_fp32": lambda: _theirs(batches, False, notes),
+    }
+
+
+def _details(seconds: dict[str, list[float]], notes: dict, loads: tuple[float, float], teacher: str) -> dict:
+    rows = STEPS * BATCH
+    return {
+        "student": models.DEFAULT_STUDENT,
+        "teacher": teacher,
+        "teacher_dtype": "bf16",
+        "sentences": SENTENCES,
+        "batch": BATCH,
+        "max_seq_length": st_trainer_baseline.MAX_SEQ_LENGTH,
+        "steps_timed": STEPS,
+        "warmup_steps": WARMUP,
+        "threads": THREADS,
+        "rounds": ROUNDS,
+        "order": "interleaved: ours_bf16, st_bf16, ours_fp32, st_fp32; reversed every other round; "
+        "one untimed warm-up round first; each run a fresh student on the same batches",
+        "load_average_1min": {"start": loads[0], "end": loads[1]},
+        "bf16_mechanism": BF16_MECHANISM,
+        "bf16_vs_bf16": _paired.pair(seconds, "ours_bf16", "st_bf16", rows),
+        "fp32_vs_fp32": _paired.pair(seconds, "ours_fp32", "st_fp32", rows),
+        "last_run": notes,
+        "differences": DIFFERENCES,
+    }
 
 
 def main() -> dict:
+    start_load = _paired.load_average()
+    notes: dict = {}
     with tempfile.TemporaryDirectory() as tmp:
         store, teacher = _prepare(Path(tmp))
-        data = TrainingData(shard_pairs(store, teacher, "k128-uncentered"), 0, 0.02, 64)
-        batch = next(data.batches(Position(), (WARMUP + STEPS) * BATCH))
-        baseline = st_trainer_baseline.measure(
-            str(models.resolve(models.DEFAULT_STUDENT)), batch.texts, batch.targets, BATCH, THREADS, STEPS
-        )
-        fp32 = _ours(store, teacher, "off")
-        bf16 = _ours(store, teacher, "bf16")
+        seconds = _paired.interleaved(_variants(store, teacher, notes), ROUNDS, warmup_rounds=1)
+        data = TrainingData(shard_pairs(store, teacher, PCA), 0, 0.02, 64)
+        notes["optimizer_step"] = _optimizer_steps(store, teacher, data)
+    details = _details(seconds, notes, (start_load, _paired.load_average()), teacher)
+    bf16 = details["bf16_vs_bf16"]
     return results.write(
         "distill_train",
         unit="sentences/s",
-        ours=round(bf16, 2),
-        baseline=round(baseline["sentences_per_s"], 2),
-        baseline_name="sentence-transformers trainer + MSELoss (fp32; ours bf16: not like-for-like)",
+        ours=bf16["ours_per_s"],
+        baseline=bf16["baseline_per_s"],
+        baseline_name="sentence-transformers trainer + MSELoss (bf16 autocast, batch 64; like-for-like)",
         higher_is_better=True,
-        details={
-            "student": models.DEFAULT_STUDENT,
-            "teacher": teacher,
-            "teacher_dtype": "bf16",
-            "sentences": SENTENCES,
-            "batch": BATCH,
-            "steps_timed": STEPS,
-            "warmup_steps": WARMUP,
-            "threads": THREADS,
-            "ours_fp32_sentences_per_s": round(fp32, 2),
-            "ours_bf16_sentences_per_s": round(bf16, 2),
-            "ratio_fp32": round(fp32 / baseline["sentences_per_s"], 3),
-            "baseline": baseline,
-        },
+        details=details,
     )
 
 
