@@ -206,8 +206,11 @@ def index_prefix(store: str, name: str, fingerprint: str) -> str:
     return join(store, "indexes", name, fingerprint[:_FINGERPRINT_CHARS])
 
 
+QUALITY_RESULTS = "results.json"  # a quality run's results, the file its manifest lists under this name
+
+
 def quality_results_uri(store: str, ingest_date: date, fingerprint: str) -> str:
-    return join(store, "quality", partition_key(ingest_date), fingerprint[:_FINGERPRINT_CHARS], "results.json")
+    return join(store, "quality", partition_key(ingest_date), fingerprint[:_FINGERPRINT_CHARS], QUALITY_RESULTS)
 
 
 def quality_data_docs_prefix(store: str, ingest_date: date, fingerprint: str) -> str:

@@ -185,16 +185,17 @@ def run(params: QualityParams, force: bool = False, progress: bool = False) -> m
             validated.extend(identifiers)
     log.info("quality %s: all %d checks passed", stage_run.key, len(results))
     docs = catalog.quality_data_docs_prefix(params.store, params.ingest_date, stage_run.fingerprint)
+    index_uri = uris.join(docs, "index.html")
     with tempfile.TemporaryDirectory(prefix="hpd-data-docs-") as folder:
         with stage_run.phase("data_docs"):
             site = data_docs.render(_context(), validated, Path(folder))
-        index = catalog.store_key(params.store, uris.join(docs, "index.html"))
+        index = catalog.store_key(params.store, index_uri)
         body = json.dumps({"partition": stage_run.key, "data_docs": index, "checks": results}, indent=2, default=str)
         uri = catalog.quality_results_uri(params.store, params.ingest_date, stage_run.fingerprint)
         stage_run.write_output(uri, body.encode())
         with stage_run.phase("publish_data_docs"):
             data_docs.publish(stage_run, site, docs)
-    log.info("quality %s: Data Docs %s", stage_run.key, uris.redact(uris.join(docs, "index.html")))
+    log.info("quality %s: Data Docs %s", stage_run.key, uris.redact(index_uri))
     stage_run.stats = {"checks": len(results), "rows": sum(r["rows"] for r in results), "passed": True}
     return stage_run.publish()
 

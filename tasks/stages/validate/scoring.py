@@ -29,7 +29,6 @@ from tasks.stages.validate.errors import ValidationError
 from tasks.stages.validate.promotion import BASELINE
 
 Encode = Callable[[list[str]], np.ndarray]
-RESULTS = "results.json"  # the quality stage's results, one per partition
 
 
 @dataclass(frozen=True)
@@ -72,24 +71,24 @@ def measure(
             },
             **training_curves(distilled),
         }
+        found = metrics.nearest(student_corpus, student_corpus, 10, exclude_self=True)  # each sample row's 10 nearest
         overlap = None
         if promoted_run is not None:
-            overlap = _neighbour_overlap(params.store, promoted_run, student_corpus, corpus.texts, Path(scratch))
-        return Measurements(table, _retrieval(model.encode, student_corpus, corpus, stsb), plots, overlap)
+            overlap = _neighbour_overlap(params.store, promoted_run, found, corpus.texts, Path(scratch))
+        return Measurements(table, _retrieval(model.encode, found, corpus, stsb), plots, overlap)
 
 
 def _neighbour_overlap(
-    store: str, promoted_run: str, student_corpus: np.ndarray, texts: list[str], scratch: Path
+    store: str, promoted_run: str, found: np.ndarray, texts: list[str], scratch: Path
 ) -> dict[str, Any]:
-    """The mean share of each sample sentence's 10 nearest sample sentences that the promoted run's student also
-    ranks among its 10 nearest (1: the same neighbours, as each index would return them)."""
+    """The mean share of each sample sentence's 10 nearest sample sentences (``found``, by this run's student)
+    that the promoted run's student also ranks among its 10 nearest (1: the same neighbours)."""
     from tasks.ml import student
     from tasks.ml.encoder import SentenceEncoder
 
     promoted = SentenceEncoder.load(str(student.fetch_exported(store, promoted_run, scratch / "promoted")))
     theirs = promoted.encode(texts)
-    ours = metrics.nearest(student_corpus, student_corpus, 10, exclude_self=True)
-    overlap = metrics.recall_at_k(ours, metrics.nearest(theirs, theirs, 10, exclude_self=True))
+    overlap = metrics.recall_at_k(found, metrics.nearest(theirs, theirs, 10, exclude_self=True))
     return {"run": promoted_run, "overlap_at_10": round(overlap, 4), "queries": len(texts)}
 
 
@@ -124,9 +123,9 @@ def _encoders(
     }, projection.explained_variance_ratio
 
 
-def _retrieval(encode: Encode, student_corpus: np.ndarray, corpus: CorpusSample, stsb: sts.PairSet) -> dict:
+def _retrieval(encode: Encode, found: np.ndarray, corpus: CorpusSample, stsb: sts.PairSet) -> dict:
+    """Recall@10 of the student's neighbours ``found`` against the teacher's, and MRR of STS-B pairs >= 4."""
     truth = metrics.nearest(corpus.teacher_vectors, corpus.teacher_vectors, 10, exclude_self=True)
-    found = metrics.nearest(student_corpus, student_corpus, 10, exclude_self=True)
     close = stsb.scores >= 4.0
     candidates = sorted(set(np.array(stsb.second)[close]))
     answers = np.array([candidates.index(s) for s in np.array(stsb.second)[close]])
@@ -180,5 +179,7 @@ def quality_results(store: str, days: set[date]) -> dict[str, dict | None]:
     for day in sorted(days):
         key = catalog.partition_key(day)
         published = manifest.read(store, Stage.QUALITY, key)
-        results[key] = None if published is None else json.loads(_read_output(published.output_named(RESULTS)))
+        results[key] = (
+            None if published is None else json.loads(_read_output(published.output_named(catalog.QUALITY_RESULTS)))
+        )
     return results
