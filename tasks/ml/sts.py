@@ -1,4 +1,6 @@
-"""Semantic textual similarity: the vendored STS-B and SICK-R test sets, and their score.
+"""Semantic textual similarity: the vendored STS-B and SICK-R sets, and their score.
+
+The test sets measure; the dev sets (STS-B dev, SICK trial) are the ones a run may tune or select on.
 
 STS is scored as SentEval, SimCSE and HPD do: Spearman's rank correlation between the cosine
 similarity of the two sentence embeddings and the gold score, times 100.
@@ -36,19 +38,43 @@ def sts_file(*parts: str) -> Traversable:
 
 
 def stsb_test() -> PairSet:
-    """STS Benchmark test (1,379 pairs, 0-5); uses the first 7 tab-separated columns."""
-    path = sts_file("stsbenchmark", "sts-test.csv")
-    rows = [line.rstrip("\n").split("\t")[:7] for line in path.read_text(encoding="utf-8").splitlines()]
-    return PairSet("STS-B test", [r[5] for r in rows], [r[6] for r in rows], np.array([float(r[4]) for r in rows]))
+    """STS Benchmark test (1,379 pairs, 0-5)."""
+    return _stsb("STS-B test", "sts-test.csv")
 
 
 def sick_r_test() -> PairSet:
     """SICK relatedness, test annotations (4,927 pairs, 1-5)."""
-    path = sts_file("sick", "SICK_test_annotated.txt")
+    return _sick("SICK-R test", "SICK_test_annotated.txt")
+
+
+def stsb_dev() -> PairSet:
+    """STS Benchmark dev (1,500 pairs): for tuning and selection, never for the reported score."""
+    return _stsb("STS-B dev", "sts-dev.csv")
+
+
+def sick_r_dev() -> PairSet:
+    """SICK relatedness, trial annotations (500 pairs): for tuning and selection."""
+    return _sick("SICK-R dev", "SICK_trial.txt")
+
+
+def dev_score(encode: Encode) -> float:
+    """The mean of STS-B dev and SICK-R dev: the score a run selects its weights on."""
+    return float(np.mean([score(encode, pairs) for pairs in (stsb_dev(), sick_r_dev())]))
+
+
+def _stsb(name: str, file: str) -> PairSet:
+    """An STS Benchmark file; uses the first 7 tab-separated columns."""
+    path = sts_file("stsbenchmark", file)
+    rows = [line.rstrip("\n").split("\t")[:7] for line in path.read_text(encoding="utf-8").splitlines()]
+    return PairSet(name, [r[5] for r in rows], [r[6] for r in rows], np.array([float(r[4]) for r in rows]))
+
+
+def _sick(name: str, file: str) -> PairSet:
+    path = sts_file("sick", file)
     with path.open(encoding="utf-8", newline="") as f:
         rows = list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
     return PairSet(
-        "SICK-R test",
+        name,
         [r["sentence_A"] for r in rows],
         [r["sentence_B"] for r in rows],
         np.array([float(r["relatedness_score"]) for r in rows]),

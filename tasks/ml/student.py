@@ -67,6 +67,18 @@ def _layer_stack(transformer: torch.nn.Module, spec: str) -> torch.nn.ModuleList
     return stack
 
 
+def freeze(encoder: SentenceEncoder, layers: int, spec: str) -> None:
+    """Stop training the embeddings and the first ``layers`` transformer layers (none when 0)."""
+    if not layers:
+        return
+    stack = _layer_stack(encoder.transformer, spec)
+    if layers > len(stack):
+        raise StudentError(f"student {spec!r} has {len(stack)} layers, cannot freeze {layers}")
+    embeddings = getattr(encoder.transformer, "embeddings", None) or encoder.transformer.get_input_embeddings()
+    for module in (embeddings, *stack[:layers]):
+        module.requires_grad_(False)
+
+
 def pooled_embeddings(encoder: SentenceEncoder, texts: list[str], batch_size: int = 64) -> np.ndarray:
     """The student's pooled (pre-head) embeddings, float64."""
     head, normalize = encoder.dense, encoder.normalize

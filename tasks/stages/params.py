@@ -117,6 +117,15 @@ class DistillParams(StageParams):
     max_grad_norm: float = Field(1.0, gt=0)
     max_seq_length: int = Field(128, gt=0)
     dropout: float | None = Field(None, ge=0, lt=1, description="override the student's dropout")
+    freeze_layers: int = Field(0, ge=0, description="train neither the embeddings nor the first N layers")
+    cosine_weight: float = Field(0.0, ge=0, description="weight of a (1 - cosine) term added to the MSE")
+    structure_weight: float = Field(
+        0.0, ge=0, description="weight of an in-batch similarity term: MSE of the pairwise cosine matrices"
+    )
+    select_on: Literal["val_mse", "sts_dev"] = Field(
+        "val_mse",
+        description="what picks the exported weights and stops early: validation MSE, or mean STS-B/SICK-R dev",
+    )
     amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="auto: bf16 on CUDA, off on CPU")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, gt=0)

@@ -11,6 +11,24 @@ def test_vendored_sets_load_whole():
     assert stsb.first[0] == "A girl is styling her hair."
 
 
+def test_dev_sets_are_apart_from_the_test_sets():
+    stsb_dev, sick_dev = sts.stsb_dev(), sts.sick_r_dev()
+    assert (len(stsb_dev.scores), len(sick_dev.scores)) == (1500, 500)
+    assert stsb_dev.first[0] == "A man with a hard hat is dancing."
+    for dev, test in ((stsb_dev, sts.stsb_test()), (sick_dev, sts.sick_r_test())):
+        shared = set(zip(dev.first, dev.second, strict=True)) & set(zip(test.first, test.second, strict=True))
+        assert len(shared) < 0.02 * len(dev.scores)  # a few stock pairs recur in the source data
+
+
+def test_dev_score_is_the_mean_of_both_dev_sets():
+    def by_length(texts):
+        return np.array([[len(t), 1.0] for t in texts])
+
+    expected = (sts.score(by_length, sts.stsb_dev()) + sts.score(by_length, sts.sick_r_dev())) / 2
+    assert sts.dev_score(by_length) == pytest.approx(expected)
+    assert sts.dev_score(by_length) != pytest.approx(sts.score(by_length, sts.stsb_dev()))
+
+
 def test_cosine_and_spearman_by_hand():
     a = np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 2.0]])
     b = np.array([[2.0, 0.0], [1.0, -1.0], [1.0, 1.0]])

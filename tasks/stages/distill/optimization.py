@@ -8,13 +8,15 @@ from tasks.stages.params import DistillParams
 
 
 class Optimization:
-    """AdamW (no weight decay on biases and LayerNorm weights), its schedule and the fp16 gradient scaler."""
+    """AdamW over the trained parameters (no weight decay on biases and LayerNorm weights), its schedule
+    and the fp16 gradient scaler."""
 
     def __init__(self, model: Any, params: DistillParams, total_steps: float, amp: str) -> None:
         import torch
 
-        exempt = [p for n, p in model.named_parameters() if n.endswith("bias") or "LayerNorm" in n]
-        decayed = [p for n, p in model.named_parameters() if not (n.endswith("bias") or "LayerNorm" in n)]
+        trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        exempt = [p for n, p in trained if n.endswith("bias") or "LayerNorm" in n]
+        decayed = [p for n, p in trained if not (n.endswith("bias") or "LayerNorm" in n)]
         self.optimizer = torch.optim.AdamW(
             [{"params": decayed, "weight_decay": params.weight_decay}, {"params": exempt, "weight_decay": 0.0}],
             lr=params.lr,

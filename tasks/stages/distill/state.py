@@ -16,19 +16,23 @@ from tasks.stages.distill.data import Position
 class TrainState:
     step: int = 0
     position: Position = field(default_factory=Position)
-    best_val_mse: float = math.inf
+    best_score: float = math.inf  # the selection score of the best evaluation, lower is better
+    best_val_mse: float = math.inf  # the validation MSE of the best evaluation
     best_step: int = 0
     evals_since_best: int = 0
     stopped_early: bool = False
     losses: list[tuple[int, float]] = field(default_factory=list)
     evals: list[dict] = field(default_factory=list)
 
-    def record_eval(self, result: dict[str, Any], patience: int | None) -> bool:
-        """Record a validation ``result`` (step, val_mse, ...); True when it is the best so far. After
-        ``patience`` evaluations without improvement the run stops early."""
+    def record_eval(self, result: dict[str, Any], patience: int | None, select_on: str = "val_mse") -> bool:
+        """Record a validation ``result`` (step, val_mse, maybe sts_dev); True when it is the best so far by
+        ``select_on`` (val_mse lowest, sts_dev highest). After ``patience`` evaluations without improvement
+        the run stops early."""
         self.evals.append(result)
-        if result["val_mse"] < self.best_val_mse:
-            self.best_val_mse, self.best_step, self.evals_since_best = result["val_mse"], result["step"], 0
+        score = result["val_mse"] if select_on == "val_mse" else -result[select_on]
+        if score < self.best_score:
+            self.best_score, self.best_val_mse, self.best_step = score, result["val_mse"], result["step"]
+            self.evals_since_best = 0
             return True
         self.evals_since_best += 1
         if patience and self.evals_since_best >= patience:

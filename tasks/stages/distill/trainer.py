@@ -1,8 +1,12 @@
 """The training loop: the student learns to reproduce the projected teacher embeddings (HPD).
 
-MSE between the student's Dense(k) output and the targets; AdamW with linear warmup and decay;
+MSE between the student's Dense(k) output and the targets, optionally plus a (1 - cosine) term and an
+in-batch similarity-structure term (the MSE between the student's and the targets' pairwise cosine
+matrices; under DDP within each process's share); the embeddings and lower layers may be frozen;
+AdamW with linear warmup and decay;
 gradient accumulation; AMP on CUDA (bf16, or fp16 with a gradient scaler) and optional bf16 autocast
-on CPU; validation MSE every ``eval_every`` steps with early stopping and the best weights kept;
+on CPU; validation every ``eval_every`` steps with early stopping and the best weights kept, by
+validation MSE or by the mean STS-B/SICK-R dev score (``select_on``);
 a checkpoint every ``checkpoint_every`` steps. Under DDP the loss is the sum of squared errors over
 the global batch, so N processes compute the same gradient as one.
 
@@ -21,7 +25,7 @@ import numpy as np
 
 from tasks.core import uris
 from tasks.core.progress import Progress
-from tasks.ml import metrics, student
+from tasks.ml import metrics, sts, student
 from tasks.stages.distill.checkpoints import CheckpointError, Checkpoints
 from tasks.stages.distill.data import Batch, Position, TrainingData
 from tasks.stages.distill.distributed import Distributed
@@ -74,7 +78,8 @@ class Trainer:
         self.init_record = student.initialise_head(
             self.model, self.params.init, first.texts, first.targets, self.params.activation, self.params.ridge_alpha
         )
-        self.state.record_eval({"step": 0, **self.validate()}, None)  # training must beat the initial weights
+        # training must beat the initial weights
+        self.state.record_eval({"step": 0, **self.validate()}, None, self.params.select_on)
         self.best_weights = self._weights()
         _log_scores(self, f"head initialised ({self.params.init}) on {len(first.texts)} rows; at", self.state.evals[0])
         return self.init_record
@@ -158,16 +163,29 @@ class Trainer:
         # The step's loss is the squared error summed over the global batch, divided by its size;
         # DDP averages gradients over ranks, hence * world.
         sse = ((output - goal) ** 2).sum() * weight
-        self.optim.backward(sse * world / (rows * k))
+        self.optim.backward((sse / k + self._extra_loss(output, goal) * weight) * world / rows)
         return float(sse.detach())
 
+    def _extra_loss(self, output: Any, goal: Any) -> Any:
+        """The cosine and similarity-structure terms, summed over this share's rows (0 when both are off)."""
+        import torch.nn.functional as F
+
+        params, total = self.params, output.new_zeros(())
+        if params.cosine_weight:
+            total = total + params.cosine_weight * (1 - F.cosine_similarity(output, goal, dim=1)).sum()
+        if params.structure_weight and len(output) > 1:
+            student_sims, target_sims = (F.normalize(x, dim=1) @ F.normalize(x, dim=1).T for x in (output, goal))
+            total = total + params.structure_weight * ((student_sims - target_sims) ** 2).mean(dim=1).sum()
+        return total
+
     def validate(self) -> dict:
-        """MSE and mean cosine of the student's outputs against the held-out targets."""
-        return _validation_scores(self.model, self.data)
+        """MSE and mean cosine of the student's outputs against the held-out targets (and the STS dev score
+        when the run selects on it)."""
+        return _validation_scores(self.model, self.data, self.params.select_on == "sts_dev")
 
     def _evaluate(self) -> None:
         result = {"step": self.state.step, **self.validate()}
-        if best := self.state.record_eval(result, self.params.patience):
+        if best := self.state.record_eval(result, self.params.patience, self.params.select_on):
             self.best_weights = self._weights()
         _log_evaluation(self, result, best)
 
@@ -217,9 +235,11 @@ def _latest_checkpoint(checkpoints: Checkpoints) -> tuple[dict, str, dict] | Non
 
 
 def _build_student(params: DistillParams, dim: int, device: str) -> Any:
-    return student.build(
+    model = student.build(
         params.student, dim, params.activation, params.student_layers, params.max_seq_length, params.dropout, device
     )
+    student.freeze(model, params.freeze_layers, params.student)
+    return model
 
 
 def _progress(trainer: Trainer, bar: bool) -> Progress:
@@ -242,7 +262,8 @@ def _log_plan(trainer: Trainer) -> None:
     params, data = trainer.params, trainer.data
     trainer.log.info(
         "distill %s: training steps %d to %d of %d rows each (%d micro-batch(es)), %d epoch(s) of %d rows, "
-        "%d validation rows, k=%d, lr %.3g, device %s, amp %s, %d process(es)",
+        "%d validation rows, k=%d, lr %.3g, device %s, amp %s, %d process(es); loss mse + %g cosine + %g "
+        "structure, %d frozen layer(s), selecting on %s",
         params.name,
         trainer.state.step + 1,
         trainer.total_steps,
@@ -256,6 +277,10 @@ def _log_plan(trainer: Trainer) -> None:
         trainer.model.device,
         trainer.amp,
         trainer.dist.world,
+        params.cosine_weight,
+        params.structure_weight,
+        params.freeze_layers,
+        params.select_on,
     )
 
 
@@ -301,9 +326,10 @@ def _log_evaluation(trainer: Trainer, result: dict, best: bool) -> None:
         trainer.log.info("distill %s: stopping early (patience %s)", trainer.params.name, trainer.params.patience)
 
 
-def _validation_scores(model: Any, data: TrainingData) -> dict:
+def _validation_scores(model: Any, data: TrainingData, with_sts_dev: bool) -> dict:
     model.eval()
     predicted = model.encode(data.val_texts, batch_size=128)
+    sts_dev = {"sts_dev": round(sts.dev_score(lambda t: model.encode(t, batch_size=128)), 3)} if with_sts_dev else {}
     model.train()
     measured = metrics.fidelity(predicted, data.val_targets)
-    return {"val_mse": measured["mse"], "val_cosine": measured["mean_cosine"]}
+    return {"val_mse": measured["mse"], "val_cosine": measured["mean_cosine"], **sts_dev}

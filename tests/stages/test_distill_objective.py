@@ -1,0 +1,117 @@
+"""The training objective's options: the cosine and similarity-structure terms, frozen layers, selection on STS dev."""
+
+import json
+from datetime import date
+
+import numpy as np
+import pytest
+import torch
+
+from tasks.core import config, storage
+from tasks.ml import student
+from tasks.ml.encoder import SentenceEncoder
+from tasks.stages import distill
+from tasks.stages.distill.data import TrainingData, shard_pairs
+from tasks.stages.distill.distributed import Distributed
+from tasks.stages.distill.state import TrainState
+from tests.stages.test_distill import _run_file, _weights
+from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
+
+DAY = date(2026, 11, 2)
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A store with 160 staged sentences, encoded by a tiny teacher and projected to 8 dims."""
+    return projected_store(tmp_path_factory.mktemp("objective"), corpus_lines(160), DAY, shard_rows=80)
+
+
+def _params(prepared, **extra):
+    values = {
+        "store": prepared["store"],
+        "teacher": prepared["teacher"],
+        "student": prepared["student"],
+        "pca_name": PCA_NAME,
+        "batch_size": 16,
+        "lr": 1e-3,
+        "val_fraction": 0.15,
+        "eval_every": 3,
+        "checkpoint_every": 1000,
+        "threads": 1,
+        "init": "random",
+        **extra,
+    }
+    return config.parse(distill.DistillParams, values)
+
+
+def _trainer(prepared, **extra):
+    params = _params(prepared, **extra)
+    data = TrainingData(shard_pairs(params.store, params.teacher, PCA_NAME), 0, params.val_fraction, 100)
+    trainer = distill.Trainer(params, data, "cpu", Distributed(), "objective")
+    trainer.restore_or_initialise(force=True)
+    return trainer
+
+
+def test_extra_terms_vanish_on_perfect_outputs_and_grow_with_error(prepared):
+    trainer = _trainer(prepared, cosine_weight=1.0, structure_weight=1.0)
+    goal = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    assert float(trainer._extra_loss(goal * 3, goal)) == pytest.approx(0, abs=1e-6)  # both are scale-free
+    rotated = goal[:, [1, 0]]
+    # cosine: rows 1 and 2 are orthogonal to their goal (1 each), row 3 is aligned; structure: unchanged
+    assert float(trainer._extra_loss(rotated, goal)) == pytest.approx(2.0, abs=1e-6)
+    collapsed = torch.ones(3, 2)
+    cosine_only = _trainer(prepared, cosine_weight=1.0)._extra_loss(collapsed, goal)
+    both = trainer._extra_loss(collapsed, goal)
+    # structure: the collapsed outputs are all alike, the goals' similarities are 0 and 0.71 off the diagonal
+    expected_structure = (2 * (1 - 0) ** 2 + 4 * (1 - 2**-0.5) ** 2) / 3
+    assert float(both - cosine_only) == pytest.approx(expected_structure, abs=1e-5)
+    assert float(_trainer(prepared)._extra_loss(collapsed, goal)) == 0.0
+
+
+def test_the_extra_terms_change_the_gradient(prepared):
+    grads = {}
+    for name, extra in (("mse", {}), ("cosine", {"cosine_weight": 1.0}), ("structure", {"structure_weight": 1.0})):
+        trainer = _trainer(prepared, **extra)
+        batch = next(trainer.data.batches(trainer.state.position, 16))
+        trainer._micro_step(batch.texts, batch.targets, len(batch.texts))
+        grads[name] = trainer.model.dense.linear.weight.grad.clone()
+    assert not torch.allclose(grads["mse"], grads["cosine"])
+    assert not torch.allclose(grads["mse"], grads["structure"])
+
+
+def test_frozen_layers_keep_their_weights_and_the_rest_trains(prepared):
+    before = SentenceEncoder.load(prepared["student"]).transformer.state_dict()
+    result = distill.run(_params(prepared, freeze_layers=1, max_steps=6, name="frozen"))
+    after = _weights(prepared["store"], "frozen")
+    frozen = [k for k in after if k.startswith("embeddings.") or ".layer.0." in k]
+    trained = [k for k in after if ".layer.1." in k]
+    assert frozen and trained and result.stats["steps"] == 6
+    assert all(np.array_equal(before[k].numpy(), after[k]) for k in frozen)
+    assert any(not np.array_equal(before[k].numpy(), after[k]) for k in trained)
+
+
+def test_freezing_more_layers_than_the_student_has_is_named(prepared):
+    with pytest.raises(student.StudentError, match="cannot freeze 9"):
+        _trainer(prepared, freeze_layers=9)
+
+
+def test_selection_on_sts_dev_keeps_the_best_dev_score(prepared):
+    result = distill.run(_params(prepared, select_on="sts_dev", max_steps=9, name="by-dev"))
+    evals = _evals(prepared, "by-dev")
+    assert all("sts_dev" in e for e in evals)
+    best = max(evals, key=lambda e: e["sts_dev"])
+    assert result.stats["best_step"] == best["step"]
+    assert result.stats["exported"]["sts_dev"] == pytest.approx(best["sts_dev"], abs=1e-3)
+
+
+def test_state_selects_lowest_mse_or_highest_dev_score():
+    by_mse, by_dev = TrainState(), TrainState()
+    for step, mse, dev in ((0, 1.0, 50.0), (1, 0.5, 40.0), (2, 0.7, 60.0)):
+        by_mse.record_eval({"step": step, "val_mse": mse, "sts_dev": dev}, None)
+        by_dev.record_eval({"step": step, "val_mse": mse, "sts_dev": dev}, None, "sts_dev")
+    assert (by_mse.best_step, by_mse.best_val_mse) == (1, 0.5)
+    assert (by_dev.best_step, by_dev.best_val_mse, by_dev.best_score) == (2, 0.7, -60.0)
+
+
+def _evals(prepared, name):
+    return json.loads(storage.read_bytes(_run_file(prepared["store"], name, "metrics.json")))["evals"]
