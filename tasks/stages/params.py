@@ -117,6 +117,7 @@ class DistillParams(StageParams):
     max_grad_norm: float = Field(1.0, gt=0)
     max_seq_length: int = Field(128, gt=0)
     dropout: float | None = Field(None, ge=0, lt=1, description="override the student's dropout")
+    length_grouped: bool = Field(True, description="batches of sentences of similar length (less padding)")
     freeze_layers: int = Field(0, ge=0, description="train neither the embeddings nor the first N layers")
     cosine_weight: float = Field(0.0, ge=0, description="weight of a (1 - cosine) term added to the MSE")
     structure_weight: float = Field(

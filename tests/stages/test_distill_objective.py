@@ -11,7 +11,7 @@ from tasks.core import config, storage
 from tasks.ml import student
 from tasks.ml.encoder import SentenceEncoder
 from tasks.stages import distill
-from tasks.stages.distill.data import TrainingData, shard_pairs
+from tasks.stages.distill.data import Position, TrainingData, length_grouped, shard_pairs
 from tasks.stages.distill.distributed import Distributed
 from tasks.stages.distill.state import TrainState
 from tests.stages.test_distill import _run_file, _weights
@@ -115,3 +115,30 @@ def test_state_selects_lowest_mse_or_highest_dev_score():
 
 def _evals(prepared, name):
     return json.loads(storage.read_bytes(_run_file(prepared["store"], name, "metrics.json")))["evals"]
+
+
+def test_length_grouping_reorders_the_same_rows_into_batches_of_like_lengths():
+    rng = np.random.default_rng(0)
+    rows = rng.permutation(200)
+    lengths = list(rng.integers(1, 100, size=200))
+    grouped = length_grouped(rows, lengths, batch_size=8, carried=3, rng=np.random.default_rng(1))
+    assert sorted(grouped) == sorted(rows)
+    assert list(grouped[:5]) == list(rows[:5])  # the open batch is completed first, unsorted
+    length_of = dict(zip(rows, lengths, strict=True))
+
+    def spread(order):
+        return np.mean([np.ptp([length_of[r] for r in order[i : i + 8]]) for i in range(5, 197, 8)])
+
+    assert spread(grouped) < spread(rows) / 4
+
+
+def test_grouped_batches_resume_where_an_unbroken_epoch_would_be(prepared):
+    data = TrainingData(shard_pairs(prepared["store"], prepared["teacher"], PCA_NAME), 0, 0.15, 100)
+    assert data.train_rows % 16 and data.train_counts[0] % 16  # a batch straddles the shards
+    unbroken = list(data.batches(Position(1), 16, grouped=True))
+    ungrouped = list(data.batches(Position(1), 16))
+    assert [t for b in unbroken for t in b.texts] != [t for b in ungrouped for t in b.texts]
+    assert sorted(t for b in unbroken for t in b.texts) == sorted(t for b in ungrouped for t in b.texts)
+    for middle in (3, len(unbroken) // 2 + 1):  # within the first shard, and past the straddling batch
+        resumed = list(data.batches(unbroken[middle - 1].next_position, 16, grouped=True))
+        assert [b.texts for b in resumed] == [b.texts for b in unbroken[middle:]]

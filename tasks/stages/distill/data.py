@@ -7,8 +7,9 @@ the recorded checksums) and joined by sentence id one at a time, so memory holds
 the whole set.
 
 Rows go to validation by a seeded hash of the sentence id. An epoch visits the shards in a seeded
-order and each shard's training rows in a seeded order; a position (epoch, shard, row) says where
-the next batch starts, so a resumed run sees exactly the batches an uninterrupted one would.
+order and each shard's training rows in a seeded order (optionally grouped so that a batch holds
+sentences of similar length, which pads less); a position (epoch, shard, row) says where the next
+batch starts, so a resumed run sees exactly the batches an uninterrupted one would.
 """
 
 from __future__ import annotations
@@ -117,6 +118,7 @@ class TrainingData:
     def __init__(self, pairs: list[ShardPair], seed: int, val_fraction: float, val_max_rows: int) -> None:
         self.pairs, self.seed, self.val_fraction = pairs, seed, val_fraction
         self.train_rows, val_texts, val_targets = 0, [], []
+        self.train_counts: list[int] = []  # training rows per pair
         self.dim = 0
         for pair in pairs:
             ids, texts, targets = read_pair(pair)
@@ -126,7 +128,8 @@ class TrainingData:
                 )
             self.dim = targets.shape[1]
             held_out = is_validation(ids, val_fraction, seed)
-            self.train_rows += int((~held_out).sum())
+            self.train_counts.append(int((~held_out).sum()))
+            self.train_rows += self.train_counts[-1]
             room = val_max_rows - len(val_texts)
             val_texts.extend([t for t, h in zip(texts, held_out, strict=True) if h][:room])
             val_targets.extend(targets[held_out][:room])
@@ -139,15 +142,20 @@ class TrainingData:
     def _rng(self, *parts: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, *parts])
 
-    def batches(self, start: Position, batch_size: int) -> Iterator[Batch]:
-        """Batches of ``batch_size`` training rows from ``start`` to the end of its epoch (last may be short)."""
+    def batches(self, start: Position, batch_size: int, grouped: bool = False) -> Iterator[Batch]:
+        """Batches of ``batch_size`` training rows from ``start`` to the end of its epoch (last may be short);
+        ``grouped``: each batch of sentences of similar length (see :func:`length_grouped`)."""
         order = self._rng(start.epoch).permutation(len(self.pairs))
         texts: list[str] = []
         targets: list[np.ndarray] = []
         for shard in range(start.shard, len(order)):
             ids, shard_texts, shard_targets = read_pair(self.pairs[order[shard]])
             train = np.flatnonzero(~is_validation(ids, self.val_fraction, self.seed))
-            rows = train[self._rng(start.epoch, int(order[shard])).permutation(len(train))]
+            rng = self._rng(start.epoch, int(order[shard]))
+            rows = train[rng.permutation(len(train))]
+            if grouped:  # the batch the previous shards left open is completed first, as in an unbroken epoch
+                carried = sum(self.train_counts[i] for i in order[:shard]) % batch_size
+                rows = length_grouped(rows, [len(shard_texts[r]) for r in rows], batch_size, carried, rng)
             first = start.row if shard == start.shard else 0
             for offset in range(first, len(rows)):
                 texts.append(shard_texts[rows[offset]])
@@ -162,3 +170,28 @@ class TrainingData:
         if row < shard_rows:
             return Position(epoch, shard, row)
         return Position(epoch, shard + 1, 0) if shard + 1 < len(self.pairs) else Position(epoch + 1, 0, 0)
+
+
+GROUP_WINDOW = 32  # batches whose rows are sorted by length together
+
+
+def length_grouped(
+    rows: np.ndarray, lengths: list[int], batch_size: int, carried: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``rows`` reordered so that each batch holds sentences of similar length (less padding, the same rows).
+
+    The first ``batch_size - carried`` rows complete a batch already open (``carried`` rows in it) and stay
+    first; the rest go in windows of ``GROUP_WINDOW`` batches, each sorted by length, cut into batches and
+    the whole batches shuffled (a window's short last batch stays last).
+    """
+    head = (batch_size - carried) % batch_size
+    parts = [rows[:head]]
+    window = batch_size * GROUP_WINDOW
+    for start in range(head, len(rows), window):
+        chunk = rows[start : start + window]
+        chunk = chunk[np.argsort([lengths[i] for i in range(start, start + len(chunk))], kind="stable")]
+        cuts = [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+        full = len(chunk) // batch_size
+        parts.extend(cuts[i] for i in rng.permutation(full))
+        parts.extend(cuts[full:])
+    return np.concatenate(parts)

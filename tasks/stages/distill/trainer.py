@@ -102,7 +102,7 @@ class Trainer:
         """Train from the current position to the end of its epoch, or until finished."""
         state = self.state
         epoch, first_step = state.position.epoch, state.step
-        for batch in self.data.batches(state.position, self.params.batch_size):
+        for batch in self.data.batches(state.position, self.params.batch_size, self.params.length_grouped):
             self._step(batch, reporter)
             if self._finished():
                 break
