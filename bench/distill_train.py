@@ -28,7 +28,7 @@ from bench import _paired, results, st_trainer_baseline
 from tasks.core import config, storage
 from tasks.ml import models
 from tasks.stages import distill, encode_teacher, fit_pca, stage_corpus
-from tasks.stages.distill.data import Batch, Position, TrainingData, shard_pairs
+from tasks.stages.distill.data import Batch, Position, TrainingData, length_grouped, shard_pairs
 
 ROOT = Path(__file__).parents[1]
 SENTENCES, BATCH, WARMUP = 2_000, 64, st_trainer_baseline.WARMUP
@@ -141,12 +141,23 @@ def _theirs(batches: list[Batch], bf16: bool, notes: dict) -> float:
     return found["seconds"]
 
 
+def _length_grouped(batches: list[Batch]) -> list[Batch]:
+    """The same rows, batched as ``length_grouped`` batches them (similar lengths together)."""
+    texts = [t for batch in batches for t in batch.texts]
+    targets = np.concatenate([batch.targets for batch in batches])
+    order = length_grouped(np.arange(len(texts)), [len(t) for t in texts], BATCH, 0, np.random.default_rng(0))
+    cuts = [order[i : i + BATCH] for i in range(0, len(order), BATCH)]
+    return [Batch([texts[i] for i in cut], targets[cut], Position()) for cut in cuts]
+
+
 def _variants(store: str, teacher: str, notes: dict) -> dict[str, Callable[[], float]]:
     data = TrainingData(shard_pairs(store, teacher, PCA), 0, 0.02, 64)
     batches = list(islice(data.batches(Position(), BATCH), WARMUP + STEPS))
+    grouped = _length_grouped(batches[:WARMUP]) + _length_grouped(batches[WARMUP:])
     return {
         "ours_bf16": lambda: _ours(store, teacher, data, batches, "bf16", notes),
         "st_bf16": lambda: _theirs(batches, True, notes),
+        "ours_grouped_bf16": lambda: _ours(store, teacher, data, grouped, "bf16", notes),
         "ours_fp32": lambda: _ours(store, teacher, data, batches, "off", notes),
         "st_fp32": lambda: _theirs(batches, False, notes),
     }
@@ -165,12 +176,19 @@ def _details(seconds: dict[str, list[float]], notes: dict, loads: tuple[float, f
         "warmup_steps": WARMUP,
         "threads": THREADS,
         "rounds": ROUNDS,
-        "order": "interleaved: ours_bf16, st_bf16, ours_fp32, st_fp32; reversed every other round; "
-        "one untimed warm-up round first; each run a fresh student on the same batches",
+        "order": "interleaved: ours_bf16, st_bf16, ours_grouped_bf16, ours_fp32, st_fp32; reversed every other "
+        "round; one untimed warm-up round first; each run a fresh student on the same batches (ours_grouped_bf16: "
+        "the same sentences, batched by length)",
         "load_average_1min": {"start": loads[0], "end": loads[1]},
         "bf16_mechanism": BF16_MECHANISM,
         "bf16_vs_bf16": _paired.pair(seconds, "ours_bf16", "st_bf16", rows),
         "fp32_vs_fp32": _paired.pair(seconds, "ours_fp32", "st_fp32", rows),
+        "length_grouped_bf16_vs_trainer_bf16": {
+            **_paired.pair(seconds, "ours_grouped_bf16", "st_bf16", rows),
+            "comparison": "not same-batches: the same sentences, dtype, batch size, threads and steps, but ours "
+            "batches them by length (length_grouped, the stage's default) and the trainer draws random batches "
+            "(sentence-transformers has no length-grouping batch sampler)",
+        },
         "last_run": notes,
         "differences": DIFFERENCES,
     }
