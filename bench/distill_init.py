@@ -4,7 +4,7 @@ On the data of ``bench/distill_quality`` (prepared by it, or here if missing): f
 and its 3-layer cut, the validation MSE and mean cosine to the projected teacher targets right after
 initialising the head with ``random`` (HPD's choice), ``pca`` (the student's own principal components,
 scaled to the targets' spread) and ``ridge`` (closed-form fit on 4,096 training rows, the default).
-The trained outcomes of ridge against random at the same budget are in ``distill_quality.json``.
+What training makes of the ridge start is in ``distill_quality.json``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The student's k-d flat index against the teacher's D-d one, on the same corpus.
 
-Corpus: the 16,000 staged sentences of ``bench/distill_quality`` (run it first; this reuses its
+Corpus: the staged sentences of ``bench/distill_quality`` (run it first; this reuses its
 store and its MiniLM-L6 student). Teacher vectors: the pipeline's all-mpnet-base-v2 embeddings
 (768-d); student vectors: the distilled student's (128-d); both L2-normalised in exact FAISS
 inner-product indexes. Reports index bytes, queries/s at batch 1 and 64 (the same 200 corpus
@@ -21,7 +21,7 @@ from tasks.core.catalog import Stage
 from tasks.ml import models, student
 from tasks.stages import build_index
 
-STUDENT_RUN = "MiniLM-L6"
+STUDENT_RUN = "recipe-MiniLM-L6"
 QUERIES = 1000
 
 
