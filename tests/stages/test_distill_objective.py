@@ -13,6 +13,7 @@ from tasks.ml.encoder import SentenceEncoder
 from tasks.stages import distill
 from tasks.stages.distill.data import Position, TrainingData, length_grouped, shard_pairs
 from tasks.stages.distill.distributed import Distributed
+from tasks.stages.distill.objective import extra_loss
 from tasks.stages.distill.state import TrainState
 from tests.stages.test_distill import _run_file, _weights
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
@@ -55,17 +56,17 @@ def _trainer(prepared, **extra):
 def test_extra_terms_vanish_on_perfect_outputs_and_grow_with_error(prepared):
     trainer = _trainer(prepared, cosine_weight=1.0, structure_weight=1.0)
     goal = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
-    assert float(trainer._extra_loss(goal * 3, goal)) == pytest.approx(0, abs=1e-6)  # both are scale-free
+    assert float(extra_loss(trainer.params, goal * 3, goal)) == pytest.approx(0, abs=1e-6)  # both are scale-free
     rotated = goal[:, [1, 0]]
     # cosine: rows 1 and 2 are orthogonal to their goal (1 each), row 3 is aligned; structure: unchanged
-    assert float(trainer._extra_loss(rotated, goal)) == pytest.approx(2.0, abs=1e-6)
+    assert float(extra_loss(trainer.params, rotated, goal)) == pytest.approx(2.0, abs=1e-6)
     collapsed = torch.ones(3, 2)
-    cosine_only = _trainer(prepared, cosine_weight=1.0)._extra_loss(collapsed, goal)
-    both = trainer._extra_loss(collapsed, goal)
+    cosine_only = extra_loss(_trainer(prepared, cosine_weight=1.0).params, collapsed, goal)
+    both = extra_loss(trainer.params, collapsed, goal)
     # structure: the collapsed outputs are all alike, the goals' similarities are 0 and 0.71 off the diagonal
     expected_structure = (2 * (1 - 0) ** 2 + 4 * (1 - 2**-0.5) ** 2) / 3
     assert float(both - cosine_only) == pytest.approx(expected_structure, abs=1e-5)
-    assert float(_trainer(prepared)._extra_loss(collapsed, goal)) == 0.0
+    assert float(extra_loss(_trainer(prepared).params, collapsed, goal)) == 0.0
 
 
 def test_the_extra_terms_change_the_gradient(prepared):

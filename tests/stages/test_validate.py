@@ -21,7 +21,8 @@ def store(tmp_path_factory):
     """Staged + encoded + projected (k=8) corpus and two distilled tiny students, 'good' and 'short'."""
     prepared = projected_store(tmp_path_factory.mktemp("validate"), corpus_lines(300), DAY, shard_rows=150)
     for name, steps in (("good", 20), ("short", 1)):
-        distill_tiny(prepared, name, max_steps=steps, lr=1e-3)
+        # random batches: on 300 sentences, 20 length-grouped steps do not move 'good' past its initial weights
+        distill_tiny(prepared, name, max_steps=steps, lr=1e-3, length_grouped=False)
     return prepared["store"]
 
 

@@ -29,6 +29,7 @@ from tasks.ml import metrics, sts, student
 from tasks.stages.distill.checkpoints import CheckpointError, Checkpoints
 from tasks.stages.distill.data import Batch, Position, TrainingData
 from tasks.stages.distill.distributed import Distributed
+from tasks.stages.distill.objective import extra_loss
 from tasks.stages.distill.optimization import Optimization
 from tasks.stages.distill.state import TrainState, restore_rng, rng_states, seed_everything
 from tasks.stages.params import DistillParams
@@ -163,24 +164,11 @@ class Trainer:
         # The step's loss is the squared error summed over the global batch, divided by its size;
         # DDP averages gradients over ranks, hence * world.
         sse = ((output - goal) ** 2).sum() * weight
-        self.optim.backward((sse / k + self._extra_loss(output, goal) * weight) * world / rows)
+        self.optim.backward((sse / k + extra_loss(self.params, output, goal) * weight) * world / rows)
         return float(sse.detach())
 
-    def _extra_loss(self, output: Any, goal: Any) -> Any:
-        """The cosine and similarity-structure terms, summed over this share's rows (0 when both are off)."""
-        import torch.nn.functional as F
-
-        params, total = self.params, output.new_zeros(())
-        if params.cosine_weight:
-            total = total + params.cosine_weight * (1 - F.cosine_similarity(output, goal, dim=1)).sum()
-        if params.structure_weight and len(output) > 1:
-            student_sims, target_sims = (F.normalize(x, dim=1) @ F.normalize(x, dim=1).T for x in (output, goal))
-            total = total + params.structure_weight * ((student_sims - target_sims) ** 2).mean(dim=1).sum()
-        return total
-
     def validate(self) -> dict:
-        """MSE and mean cosine of the student's outputs against the held-out targets (and the STS dev score
-        when the run selects on it)."""
+        """Validation MSE and mean cosine against the targets (and the STS dev score when selecting on it)."""
         return _validation_scores(self.model, self.data, self.params.select_on == "sts_dev")
 
     def _evaluate(self) -> None:
