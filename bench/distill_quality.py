@@ -47,6 +47,7 @@ REFERENCE = {
     "eval_every": 50,
     "length_grouped": False,
 }
+PREDATING = {"length_grouped": False}  # how runs published before a parameter existed behaved
 LEVERS: dict[str, dict[str, Any]] = {
     "reference: lr 1e-4, MSE, weights of the lowest validation MSE": {},
     "lr 3e-5": {"lr": 3e-5},
@@ -104,7 +105,8 @@ def train(name: str, overrides: dict[str, Any]) -> dict:
     agree is reused: it may predate a newer stage parameter); its stats and seconds, as published."""
     values = {"amp": "bf16", "threads": THREADS, "checkpoint_every": 400, **REFERENCE, **overrides}
     published = manifest.read(STORE, Stage.DISTILL, name)
-    if published is None or any(published.params.get(k, v) != v for k, v in values.items() if k not in RUNTIME):
+    recorded = {**PREDATING, **published.params} if published else {}
+    if published is None or any(recorded.get(k) != v for k, v in values.items() if k not in RUNTIME):
         published = distill.run(
             config.parse(distill.DistillParams, {"store": STORE, "name": name, **values}), progress=True
         ).manifest
@@ -134,12 +136,10 @@ def scored(key: str, encode_factory: Callable[[], Callable[[list[str]], np.ndarr
 def _student(run: dict) -> Callable[[], Callable[[list[str]], np.ndarray]]:
     def factory() -> Callable[[list[str]], np.ndarray]:
         from tasks.ml import student
-        from tasks.ml.encoder import SentenceEncoder
 
         folder = STUDENTS / ".scoring" / run["key"]
         shutil.rmtree(folder, ignore_errors=True)
-        encoder = SentenceEncoder.load(str(student.fetch_exported(STORE, run["key"], folder)))
-        return lambda texts: encoder.encode(texts, batch_size=64)
+        return _folder_encoder(student.fetch_exported(STORE, run["key"], folder))
 
     return factory
 

@@ -15,7 +15,7 @@ from tasks.stages.distill.data import Position, TrainingData, length_grouped, sh
 from tasks.stages.distill.distributed import Distributed
 from tasks.stages.distill.objective import extra_loss
 from tasks.stages.distill.state import TrainState
-from tests.stages.test_distill import _run_file, _weights
+from tests.stages.test_distill import _run_file, _values, _weights
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
 
 DAY = date(2026, 11, 2)
@@ -28,21 +28,7 @@ def prepared(tmp_path_factory):
 
 
 def _params(prepared, **extra):
-    values = {
-        "store": prepared["store"],
-        "teacher": prepared["teacher"],
-        "student": prepared["student"],
-        "pca_name": PCA_NAME,
-        "batch_size": 16,
-        "lr": 1e-3,
-        "val_fraction": 0.15,
-        "eval_every": 3,
-        "checkpoint_every": 1000,
-        "threads": 1,
-        "init": "random",
-        **extra,
-    }
-    return config.parse(distill.DistillParams, values)
+    return config.parse(distill.DistillParams, _values(prepared, **{"eval_every": 3, "init": "random", **extra}))
 
 
 def _trainer(prepared, **extra):

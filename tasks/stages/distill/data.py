@@ -189,7 +189,7 @@ def length_grouped(
     window = batch_size * GROUP_WINDOW
     for start in range(head, len(rows), window):
         chunk = rows[start : start + window]
-        chunk = chunk[np.argsort([lengths[i] for i in range(start, start + len(chunk))], kind="stable")]
+        chunk = chunk[np.argsort(lengths[start : start + window], kind="stable")]
         cuts = [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
         full = len(chunk) // batch_size
         parts.extend(cuts[i] for i in rng.permutation(full))
