@@ -5,7 +5,8 @@ the sum and XᵀX (float64, shifted by the first chunk's mean for numerical stab
 an eigendecomposition of the D×D covariance: memory is O(D²) whatever the row count. An optional
 cap samples rows by a seeded hash of the sentence id (uniform, deterministic, no extra pass).
 Every teacher shard is read verified against the sha256 its encode_teacher manifest records: all of
-them in the fit, before anything is written, and each again for its targets.
+them in the fit, before anything is written, and each again for its targets; in both passes the next
+shard is read (and hashed) in a background thread while this one is computed on.
 
 Two projection modes share the same components (those of scikit-learn's PCA):
 ``uncentered`` applies them to the raw embeddings, as HPD's code does; ``centered`` subtracts the
@@ -23,13 +24,13 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from datetime import date
 
 import numpy as np
 import pyarrow as pa
 
-from tasks.core import catalog, datasets, manifest, sentences, storage
+from tasks.core import catalog, datasets, manifest, prefetch, sentences, storage
 from tasks.core.catalog import Dataset, Stage
 from tasks.core.progress import Progress
 from tasks.ml.projection import ARTIFACT, MomentAccumulator, PCAError, Projection
@@ -101,8 +102,8 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
             targets_prefix = catalog.targets_prefix(params.store, params.teacher, params.name)
             model_id = f"{params.teacher}+pca-{params.name}"
             with Progress(f"fit_pca {stage_run.key} targets", total_rows, bar=progress, logger=log) as reporter:
-                for shard in shards:
-                    stage_run.add_shard(_write_targets(shard, projection, targets_prefix, model_id))
+                for shard, table in prefetch.ahead(shards, _read):
+                    stage_run.add_shard(_write_targets(shard, table, projection, targets_prefix, model_id))
                     reporter.update(shard.rows or 0)
     stage_run.stats = {key: summary[key] for key in ("rows_fitted", "rows_available", "explained_variance_ratio_sum")}
     return stage_run.publish()
@@ -118,9 +119,8 @@ def accumulate(
     rows = [None if isinstance(shard, str) else shard.rows for shard in shards]
     total = None if None in rows else sum(rows)
     with Progress("fit_pca accumulate", total, bar=progress, logger=log) as reporter:
-        for shard in shards:
-            uri, sha256 = (shard, None) if isinstance(shard, str) else (shard.uri, shard.sha256)
-            for ids, chunk in _chunks(uri, sha256):
+        for shard, table in prefetch.ahead(shards, _read):
+            for ids, chunk in _chunks(shard if isinstance(shard, str) else shard.uri, table):
                 accumulator = accumulator or MomentAccumulator(chunk.shape[1])
                 accumulator.add(chunk[sentences.hashed_below(ids, fraction, str(seed))])
                 reporter.update(len(ids))
@@ -154,8 +154,13 @@ def target_shards(store: str, teacher: str, name: str) -> list[str]:
     return [o.uri for o in published.outputs_of(Dataset.PROJECTED_TARGETS)]
 
 
-def _chunks(uri: str, sha256: str | None):
-    table = storage.read_parquet(uri, columns=["sentence_id", "embedding"], sha256=sha256)
+def _read(shard: manifest.Output | str) -> pa.Table:
+    """A teacher shard's ids and embeddings; verified against its recorded sha256 when given its record."""
+    uri, sha256 = (shard, None) if isinstance(shard, str) else (shard.uri, shard.sha256)
+    return storage.read_parquet(uri, columns=["sentence_id", "embedding"], sha256=sha256)
+
+
+def _chunks(uri: str, table: pa.Table) -> Iterator[tuple[list[str], np.ndarray]]:
     column = table.column("embedding")
     if not pa.types.is_fixed_size_list(column.type):
         raise PCAError(f"{uri}: embedding column is {column.type}, not a fixed-size list")
@@ -167,9 +172,11 @@ def _chunks(uri: str, sha256: str | None):
         yield part.column("sentence_id").to_pylist(), chunk
 
 
-def _write_targets(teacher: manifest.Output, projection: Projection, prefix: str, model_id: str) -> datasets.Shard:
+def _write_targets(
+    teacher: manifest.Output, table: pa.Table, projection: Projection, prefix: str, model_id: str
+) -> datasets.Shard:
     ids, targets = [], []
-    for chunk_ids, chunk in _chunks(teacher.uri, teacher.sha256):
+    for chunk_ids, chunk in _chunks(teacher.uri, table):
         ids.extend(chunk_ids)
         targets.append(projection.apply(chunk))
     values = np.concatenate(targets) if targets else np.zeros((0, len(projection.components)), np.float32)
