@@ -568,7 +568,10 @@ CASES = [
         "nothing staged for ingest_date=2026-11-30",
     ),
     Case(
-        "fit-pca-nothing-encoded", ("fit-pca", "--store", "{store}"), 1, "no teacher embeddings of 'all-mpnet-base-v2'"
+        "fit-pca-nothing-encoded",
+        ("fit-pca", "--store", "{store}"),
+        1,
+        "no teacher embeddings of 'all-mpnet-base-v2+all-MiniLM-L6-v2'",
     ),
     Case(
         "build-index-nothing-promoted",

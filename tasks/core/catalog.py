@@ -101,7 +101,10 @@ def slug(spec: str) -> str:
     """A path-safe name for a model spec (its last path component), used in store paths: runs of other
     characters than letters, digits and ``_ . -`` become ``_``, and the result never is empty, ``.``,
     ``..`` nor starts with ``.`` (see :func:`_segment`; ``".."``, ``"x/.."`` and ``"/"`` give ``_``).
-    It always matches :data:`RUN_NAME_PATTERN`."""
+    It always matches :data:`RUN_NAME_PATTERN`. A composite teacher (``a+b``, :mod:`tasks.ml.teachers`)
+    is its members' slugs joined by ``--``."""
+    if "+" in spec:
+        return "--".join(slug(member.strip()) for member in spec.split("+"))
     return _segment(_UNSAFE_CHARS.sub("_", spec.rstrip("/").rsplit("/", 1)[-1]))
 
 

@@ -24,6 +24,9 @@ from pathlib import Path, PureWindowsPath
 
 DEFAULT_TEACHER = "all-mpnet-base-v2"
 DEFAULT_STUDENT = "all-MiniLM-L6-v2"
+# The teacher spec the stages default to: the teacher and the base student as one composite teacher
+# (tasks.ml.teachers), whose PCA targets a student learns best from (bench/distill_quality).
+DEFAULT_TEACHER_SPEC = f"{DEFAULT_TEACHER}+{DEFAULT_STUDENT}"
 
 
 class ModelError(ValueError):

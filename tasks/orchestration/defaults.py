@@ -19,7 +19,7 @@ DEFAULT_ARGS = {
 
 # Deployment-level defaults of the DAGs' params (a run's conf still overrides them).
 DEFAULT_SOURCE = os.environ.get("HPD_DEFAULT_SOURCE", "data/corpus/sentences.tsv.gz")
-DEFAULT_TEACHER = os.environ.get("HPD_DEFAULT_TEACHER", "all-mpnet-base-v2")
+DEFAULT_TEACHER = os.environ.get("HPD_DEFAULT_TEACHER", "all-mpnet-base-v2+all-MiniLM-L6-v2")  # a composite teacher
 DEFAULT_STUDENT = os.environ.get("HPD_DEFAULT_STUDENT", "all-MiniLM-L6-v2")
 DEFAULT_K = int(os.environ.get("HPD_DEFAULT_K", "128"))
 DEPLOYMENT = "the deployment's default (HPD_DEFAULT_* variables)"

@@ -7,6 +7,10 @@ task per group of shards (:func:`tasks.core.sentences.shards` lists them, ``shar
 bounded by one shard. Each shard is read verified against the sha256 its writer's manifest records; a
 mismatch (:class:`tasks.core.storage.IntegrityError`) or non-finite embeddings fail the shard, naming it;
 nothing is published for it.
+
+A composite teacher (``a+b``, :mod:`tasks.ml.teachers`) runs each member as its own encode_teacher run,
+then writes each shard's members' embeddings, L2-normalised and side by side, as the composite's shard
+(its manifest lists the sentences shard and the members' shards it read).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import pyarrow as pa
 from tasks.core import catalog, datasets, manifest, sentences, storage
 from tasks.core.catalog import Dataset, Stage
 from tasks.core.progress import Progress, format_duration
+from tasks.ml import teachers
 from tasks.stages.params import EncodeTeacherParams
 
 log = logging.getLogger(__name__)
@@ -47,6 +52,8 @@ def output_shards(store: str, teacher: str, ingest_date: date) -> list[str]:
 
 def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Encode every (selected) sentences shard of the partition that is not done yet."""
+    if teachers.is_composite(params.teacher):
+        return _run_composite(params, force, progress)
     shards = _selected_shards(params)
     partition = catalog.teacher_partition(params.teacher, params.ingest_date)
     encoder = None
@@ -62,6 +69,12 @@ def run(params: EncodeTeacherParams, force: bool = False, progress: bool = False
             else:
                 reporter.skip(shard.rows or 0)
             results.append(result)
+    return _partition_result(params, partition, results)
+
+
+def _partition_result(
+    params: EncodeTeacherParams, partition: str, results: list[manifest.StageResult]
+) -> manifest.StageResult:
     encoded_now = sum(not r.skipped for r in results)
     outputs = tuple(o for r in results for o in r.outputs)
     inputs = tuple(i for r in results for i in r.inputs)
@@ -88,21 +101,25 @@ def _selected_shards(params: EncodeTeacherParams) -> list[manifest.Output]:
     return [shards[i] for i in selected]
 
 
-def _shard_run(params: EncodeTeacherParams, shard: manifest.Output) -> manifest.StageRun:
-    """The run encoding one sentences shard; its input checksum comes from the writing stage's manifest."""
+def _shard_run(
+    params: EncodeTeacherParams, shard: manifest.Output, extra_inputs: list[manifest.Input] | None = None
+) -> manifest.StageRun:
+    """The run encoding one sentences shard; its input checksum comes from the writing stage's manifest (a
+    composite teacher's run also lists its members' embeddings)."""
     identity = params.model_dump(mode="json", exclude={"shards", "threads", "device", "batch_size"})
     return manifest.StageRun(
         stage=Stage.ENCODE_TEACHER,
         key=catalog.teacher_shard_key(params.teacher, params.ingest_date, shard.uri),
         store=params.store,
         params=identity,
-        inputs=[shard.as_input()],
+        inputs=[shard.as_input(), *(extra_inputs or [])],
     )
 
 
 def _load_encoder(params: EncodeTeacherParams):
     import torch
 
+    from tasks.ml import precision
     from tasks.ml.encoder import SentenceEncoder
 
     if params.threads:
@@ -116,7 +133,7 @@ def _load_encoder(params: EncodeTeacherParams):
         torch.get_num_threads(),
         encoder.dim,
         encoder.max_seq_length,
-        params.dtype,
+        precision.resolve(params.dtype, device),
         params.batch_size,
     )
     return encoder
@@ -141,23 +158,7 @@ def _encode_shard(
             f"{shard_uri}: {int(bad.sum())} sentence(s) got NaN or infinite embeddings "
             f"(first: {first}); nothing published for this shard"
         )
-    value_type = pa.float16() if params.output_dtype == "float16" else pa.float32()
-    flat = pa.array(embeddings.astype(params.output_dtype).ravel(), value_type)
-    table = pa.table(
-        {"sentence_id": staged.column("sentence_id"), "embedding": pa.FixedSizeListArray.from_arrays(flat, encoder.dim)}
-    )
-    prefix = catalog.teacher_prefix(params.store, params.teacher, params.ingest_date)
-    with stage_run.phase("write"):
-        written = datasets.write_shard(
-            prefix,
-            catalog.derived_stem(shard_uri),
-            table,
-            Dataset.TEACHER_EMBEDDINGS,
-            dim=encoder.dim,
-            model_id=params.teacher,
-            value_type=params.output_dtype,
-        )
-    stage_run.add_shard(written)
+    written = _write_embeddings(params, stage_run, shard_uri, staged.column("sentence_id"), embeddings)
     seconds = stage_run.timings_s["encode"]
     stage_run.stats = {"rows": written.rows, "sentences_per_s": round(written.rows / max(seconds, 1e-9), 2)}
     log.info(
@@ -167,4 +168,79 @@ def _encode_shard(
         format_duration(seconds),
         stage_run.stats["sentences_per_s"],
     )
+    return stage_run.publish()
+
+
+def _write_embeddings(
+    params: EncodeTeacherParams,
+    stage_run: manifest.StageRun,
+    shard_uri: str,
+    ids: pa.ChunkedArray,
+    embeddings: np.ndarray,
+) -> datasets.Shard:
+    """Publish one shard's embeddings (in the sentences shard's row order) as a run's output."""
+    value_type = pa.float16() if params.output_dtype == "float16" else pa.float32()
+    flat = pa.array(embeddings.astype(params.output_dtype).ravel(), value_type)
+    dim = embeddings.shape[1]
+    table = pa.table({"sentence_id": ids, "embedding": pa.FixedSizeListArray.from_arrays(flat, dim)})
+    prefix = catalog.teacher_prefix(params.store, params.teacher, params.ingest_date)
+    with stage_run.phase("write"):
+        written = datasets.write_shard(
+            prefix,
+            catalog.derived_stem(shard_uri),
+            table,
+            Dataset.TEACHER_EMBEDDINGS,
+            dim=dim,
+            model_id=params.teacher,
+            value_type=params.output_dtype,
+        )
+    stage_run.add_shard(written)
+    return written
+
+
+def _run_composite(params: EncodeTeacherParams, force: bool, progress: bool) -> manifest.StageResult:
+    """A composite teacher (:mod:`tasks.ml.teachers`): each member encodes the partition as its own
+    encode_teacher run (skipped where done; ``force`` applies to the combining only), then each sentences
+    shard's member embeddings, read verified, are combined into the composite's shard."""
+    names = teachers.members(params.teacher)
+    for member in names:
+        run(params.model_copy(update={"teacher": member}), progress=progress)
+    shards = _selected_shards(params)
+    partition = catalog.teacher_partition(params.teacher, params.ingest_date)
+    results = []
+    with Progress(f"encode_teacher {partition}", sum(s.rows or 0 for s in shards), bar=progress, logger=log) as bar:
+        for shard in shards:
+            encoded = [_member_output(params, member, shard) for member in names]
+            stage_run = _shard_run(params, shard, extra_inputs=[o.as_input() for o in encoded])
+            result = stage_run.skip_result(force)
+            if result is None:
+                result = _combine_shard(params, stage_run, shard, encoded)
+            bar.update(shard.rows or 0)
+            results.append(result)
+    return _partition_result(params, partition, results)
+
+
+def _member_output(params: EncodeTeacherParams, member: str, shard: manifest.Output) -> manifest.Output:
+    key = catalog.teacher_shard_key(member, params.ingest_date, shard.uri)
+    published = manifest.read(params.store, Stage.ENCODE_TEACHER, key)
+    if published is None or len(published.outputs) != 1:
+        raise EncodeError(f"{shard.uri}: no embeddings of teacher member {member!r} (encode_teacher {key})")
+    return published.outputs[0]
+
+
+def _combine_shard(
+    params: EncodeTeacherParams, stage_run: manifest.StageRun, shard: manifest.Output, encoded: list[manifest.Output]
+) -> manifest.StageResult:
+    """The members' rows of one shard, verified and aligned by sentence id, combined and published."""
+    with stage_run.phase("read"):
+        tables = [storage.read_parquet(o.uri, columns=["sentence_id", "embedding"], sha256=o.sha256) for o in encoded]
+    ids = tables[0].column("sentence_id")
+    for output, table in zip(encoded[1:], tables[1:], strict=True):
+        if not table.column("sentence_id").equals(ids):
+            raise EncodeError(f"{output.uri}: its sentence ids are not those of {encoded[0].uri}, row for row")
+    with stage_run.phase("encode"):
+        embeddings = teachers.combine([datasets.vectors(table, "embedding") for table in tables])
+    written = _write_embeddings(params, stage_run, shard.uri, ids, embeddings)
+    stage_run.stats = {"rows": written.rows, "members": len(encoded)}
+    log.info("encode_teacher %s: %d rows combined from %d members", stage_run.key, written.rows, len(encoded))
     return stage_run.publish()

@@ -252,3 +252,42 @@ def test_real_teacher_matches_sentence_transformers(store, tmp_path):
     assert embeddings.shape == (200, 768)
     cosine = (embeddings * reference).sum(1) / np.linalg.norm(embeddings, axis=1) / np.linalg.norm(reference, axis=1)
     assert cosine.min() >= 0.9999
+
+
+def test_a_composite_teacher_combines_its_members_shards_then_skips(store, tmp_path, tiny_model):
+    other = build_sentence_model(tmp_path / "other", hidden=16, seed=1, normalize=False)
+    spec = f"{tiny_model}+{other}"
+    _stage(store, tmp_path, n=20)
+    result = encode_teacher.run(_params(store, spec))
+    assert result.stats == {"shards": 2, "encoded": 2, "skipped": 0, "rows": 20}
+    members = [encode_teacher.output_shards(store, str(m), DAY) for m in (tiny_model, other)]
+    combined = encode_teacher.output_shards(store, spec, DAY)
+    assert [len(m) for m in members] == [2, 2] and len(combined) == 2
+    table = storage.read_parquet(combined[0])
+    assert table.schema.metadata[contracts.META_DIM] == b"48"
+    first, second = (np.array(storage.read_parquet(m[0]).column("embedding").to_pylist()) for m in members)
+    unit = second / np.linalg.norm(second, axis=1, keepdims=True)
+    np.testing.assert_allclose(
+        np.array(table.column("embedding").to_pylist()), np.hstack([first, unit]) / np.sqrt(2), atol=1e-6
+    )
+    published = manifest.read(
+        store, Stage.ENCODE_TEACHER, catalog.teacher_shard_key(spec, DAY, sentences.shards(store, DAY)[0])
+    )
+    read = {i.uri for i in published.inputs}
+    assert {members[0][0], members[1][0]} <= read and len(read) == 3
+    assert encode_teacher.run(_params(store, spec)).stats["skipped"] == 2
+
+
+def test_a_composite_teacher_refuses_a_damaged_member_shard(store, tmp_path, tiny_model):
+    other = build_sentence_model(tmp_path / "other", hidden=16, seed=1)
+    spec = f"{tiny_model}+{other}"
+    _stage(store, tmp_path, n=10)
+    encode_teacher.run(_params(store, str(other)))
+    (member,) = encode_teacher.output_shards(store, str(other), DAY)
+    path = Path(member.removeprefix("file://"))
+    body = bytearray(path.read_bytes())
+    body[len(body) // 2] ^= 0x01
+    path.write_bytes(bytes(body))
+    with pytest.raises(storage.IntegrityError, match=member):
+        encode_teacher.run(_params(store, spec))
+    assert encode_teacher.output_shards(store, spec, DAY) == []

@@ -96,11 +96,10 @@ def _encoders(
     params: ValidateParams, trained: DistillParams, model: Any, corpus_texts: list[str]
 ) -> tuple[dict[str, Encode], np.ndarray]:
     """The four encoders scored, and the fitted PCA's explained variance ratio."""
-    from tasks.ml import student
-    from tasks.ml.encoder import SentenceEncoder
+    from tasks.ml import student, teachers
     from tasks.ml.projection import MomentAccumulator, load_projection
 
-    teacher = SentenceEncoder.load(trained.teacher)
+    teacher = teachers.load(trained.teacher)
     projection = load_projection(params.store, trained.teacher, trained.pca_name)
     base = student.build(trained.student, model.dim, layers=trained.student_layers)
     base.dense = None
