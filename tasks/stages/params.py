@@ -13,7 +13,7 @@ from pydantic import Field, model_validator
 from tasks.core import catalog
 from tasks.core.config import StageParams
 from tasks.ml.choices import Activation, Init, Mode
-from tasks.ml.models import DEFAULT_STUDENT, DEFAULT_TEACHER
+from tasks.ml.models import DEFAULT_STUDENT, DEFAULT_TEACHER_SPEC
 
 Format = Literal["auto", "text", "jsonl", "csv", "tsv", "parquet"]
 Method = Literal["wordnet", "back_translation", "delete", "swap"]
@@ -70,8 +70,12 @@ class AugmentParams(StageParams):
 
 class EncodeTeacherParams(StageParams):
     ingest_date: date = Field(description="the sentences partition to encode")
-    teacher: str = Field(DEFAULT_TEACHER, description="packaged model, local folder or cached hub id")
-    dtype: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="compute dtype (autocast)")
+    teacher: str = Field(
+        DEFAULT_TEACHER_SPEC, description="packaged model, local folder or cached hub id; 'a+b' for a composite"
+    )
+    dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="compute dtype (autocast); auto: bf16 where the hardware runs it natively, else fp32"
+    )
     output_dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding type")
     batch_size: int = Field(64, gt=0)
     threads: int | None = Field(None, gt=0, description="torch intra-op threads (default: torch's)")
@@ -81,7 +85,7 @@ class EncodeTeacherParams(StageParams):
 
 
 class FitPCAParams(StageParams):
-    teacher: str = Field(DEFAULT_TEACHER, description="the teacher whose embeddings to fit")
+    teacher: str = Field(DEFAULT_TEACHER_SPEC, description="the teacher whose embeddings to fit")
     partitions: list[date] | None = Field(None, description="ingest dates to fit on (default: all encoded)")
     k: int = Field(128, gt=0, description="output dimension")
     mode: Mode = Field("uncentered", description="uncentered: HPD's projection; centered: classic PCA")
@@ -98,7 +102,7 @@ class FitPCAParams(StageParams):
 
 
 class DistillParams(StageParams):
-    teacher: str = Field(DEFAULT_TEACHER, description="teacher whose projected targets to learn")
+    teacher: str = Field(DEFAULT_TEACHER_SPEC, description="teacher whose projected targets to learn")
     pca_name: RunName = Field("k128-uncentered", description="the fit-pca run providing the targets")
     partitions: list[date] | None = Field(None, description="train on these ingest dates (default: all)")
     student: str = Field(DEFAULT_STUDENT, description="packaged model, local folder or cached hub id")
@@ -127,6 +131,11 @@ class DistillParams(StageParams):
         "val_mse",
         description="what picks the exported weights and stops early: validation MSE, or mean STS-B/SICK-R dev",
     )
+    blend_initial: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
+        [],
+        description="after training, also score (1-a)*initial + a*best weights for each a (0 < a < 1) and "
+        "export a blend that beats the best weights by select_on",
+    )
     amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="auto: bf16 on CUDA, off on CPU")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, gt=0)
@@ -140,6 +149,7 @@ class DistillParams(StageParams):
 
     @model_validator(mode="after")
     def _check(self) -> DistillParams:
+        object.__setattr__(self, "blend_initial", sorted(set(self.blend_initial)))
         if self.batch_size % self.grad_accum:
             raise ValueError(f"batch_size {self.batch_size} is not divisible by grad_accum {self.grad_accum}")
         if self.amp == "fp16" and self.device == "cpu":
@@ -158,7 +168,9 @@ class ValidateParams(StageParams):
     min_stsb: float | None = Field(None, description="minimum STS-B test score to promote")
     min_sickr: float | None = Field(None, description="minimum SICK-R test score to promote")
     max_regression: float = Field(1.0, ge=0, description="points a score may fall below the reference")
-    teacher_dtype: Literal["fp32", "bf16"] = "bf16"
+    teacher_dtype: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="the teacher's compute dtype; auto: bf16 where native, else fp32"
+    )
     promote: bool = Field(True, description="move models/current.json when the gate passes")
 
 
@@ -183,7 +195,7 @@ class BuildIndexParams(StageParams):
 
 class QualityParams(StageParams):
     ingest_date: date = Field(description="the partition to check")
-    teacher: str | None = Field(DEFAULT_TEACHER, description="also check this teacher's embeddings")
+    teacher: str | None = Field(DEFAULT_TEACHER_SPEC, description="also check this teacher's embeddings")
     teacher_dim: int | None = Field(None, gt=0, description="expected teacher dimension (default: as recorded)")
     max_chars: int = Field(1000, gt=0)
     min_norm: float = Field(0.5, ge=0, description="embedding L2 norm bounds")

@@ -29,7 +29,7 @@ class TrainState:
         ``select_on`` (val_mse lowest, sts_dev highest). After ``patience`` evaluations without improvement
         the run stops early."""
         self.evals.append(result)
-        score = result["val_mse"] if select_on == "val_mse" else -result[select_on]
+        score = selection_score(result, select_on)
         if score < self.best_score:
             self.best_score, self.best_val_mse, self.best_step = score, result["val_mse"], result["step"]
             self.evals_since_best = 0
@@ -45,6 +45,11 @@ class TrainState:
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainState:
         return cls(**{**raw, "position": Position(**raw["position"]), "losses": [tuple(x) for x in raw["losses"]]})
+
+
+def selection_score(result: dict[str, Any], select_on: str) -> float:
+    """An evaluation ``result``'s score by ``select_on``, lower is better: val_mse, or minus sts_dev."""
+    return float(result["val_mse"] if select_on == "val_mse" else -result[select_on])
 
 
 def seed_everything(seed: int) -> None:

@@ -7,11 +7,14 @@ AdamW with linear warmup and decay;
 gradient accumulation; AMP on CUDA (bf16, or fp16 with a gradient scaler) and optional bf16 autocast
 on CPU; validation every ``eval_every`` steps with early stopping and the best weights kept, by
 validation MSE or by the mean STS-B/SICK-R dev score (``select_on``);
+with ``blend_initial``, blends ``(1 - a) * initial + a * final`` of the initial weights and those training
+ended with, scored after training, one exported instead of the best weights when it scores better
+(:mod:`.blending`);
 a checkpoint every ``checkpoint_every`` steps. Under DDP the loss is the sum of squared errors over
 the global batch, so N processes compute the same gradient as one.
 
 The run logs its plan, progress (rows, rate, ETA, step, mean training loss since the previous line, lr),
-every evaluation, each epoch's end and the export; under DDP only the leader logs them.
+every evaluation, each epoch's end, each blend and the export; under DDP only the leader logs them.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import numpy as np
 from tasks.core import uris
 from tasks.core.progress import Progress
 from tasks.ml import metrics, sts, student
+from tasks.stages.distill import blending
 from tasks.stages.distill.checkpoints import CheckpointError, Checkpoints
 from tasks.stages.distill.data import Batch, Position, TrainingData
 from tasks.stages.distill.distributed import Distributed
@@ -61,6 +65,8 @@ class Trainer:
         self.optim = Optimization(self.model, params, self.total_steps, self.amp)
         self.ddp = self.model  # wrapped in DDP once initialised or restored: see train()
         self.best_weights: dict | None = None
+        self.initial_weights: dict | None = None  # on the CPU, kept only to blend with (blend_initial)
+        self.final_weights: dict | None = None  # likewise: the weights training ended with
         self.init_record: dict = {}
         self.exported: dict | None = None
         self.checkpoints = Checkpoints(params.store, params.name, fingerprint)
@@ -82,6 +88,7 @@ class Trainer:
         # training must beat the initial weights
         self.state.record_eval({"step": 0, **self.validate()}, None, self.params.select_on)
         self.best_weights = self._weights()
+        self.initial_weights = blending.cpu_copy(self.best_weights) if self.params.blend_initial else None
         _log_scores(self, f"head initialised ({self.params.init}) on {len(first.texts)} rows; at", self.state.evals[0])
         return self.init_record
 
@@ -94,10 +101,10 @@ class Trainer:
             while not self._finished():
                 self._epoch(reporter)
         self.model.eval()
+        self.final_weights = blending.cpu_copy(self._weights()) if self.initial_weights is not None else None
         if self.best_weights is not None:
             self.model.load_state_dict(self.best_weights)
-        self.exported = {"step": self.state.best_step, **self.validate()}
-        _log_scores(self, "exporting the weights of", self.exported)
+        self.exported = _exported(self)
 
     def _epoch(self, reporter: Progress) -> None:
         """Train from the current position to the end of its epoch, or until finished."""
@@ -183,17 +190,20 @@ class Trainer:
     def _save_checkpoint(self) -> None:
         rng = self.dist.gather(rng_states())  # every rank's dropout stream, so a resumed DDP run continues each
         if self.dist.leader:
-            self.checkpoints.save(
-                self.state.step,
-                {
-                    "model": self.model.state_dict(),
-                    **self.optim.state_dict(),
-                    "best_weights": self.best_weights,
-                    "state": self.state.to_dict(),
-                    "rng": rng,
-                },
-                self.init_record,
-            )
+            self.checkpoints.save(self.state.step, _checkpoint_payload(self, rng), self.init_record)
+
+
+def _checkpoint_payload(trainer: Trainer, rng: list[Any]) -> dict:
+    """What a checkpoint carries: tensors and plain types only (the initial weights only when blending)."""
+    initial = {} if trainer.initial_weights is None else {"initial_weights": trainer.initial_weights}
+    return {
+        "model": trainer.model.state_dict(),
+        **trainer.optim.state_dict(),
+        "best_weights": trainer.best_weights,
+        **initial,
+        "state": trainer.state.to_dict(),
+        "rng": rng,
+    }
 
 
 def _restore(trainer: Trainer, uri: str, payload: dict) -> None:
@@ -202,6 +212,7 @@ def _restore(trainer: Trainer, uri: str, payload: dict) -> None:
         trainer.model.load_state_dict(payload["model"])
         trainer.optim.load_state_dict(payload)
         trainer.best_weights = payload["best_weights"]
+        trainer.initial_weights = payload["initial_weights"] if trainer.params.blend_initial else None
         trainer.state = TrainState.from_dict(payload["state"])
         restore_rng(payload["rng"][trainer.dist.rank])
     except Exception as exc:  # a damaged payload fails in many ways (shapes, missing keys, types)
@@ -212,6 +223,33 @@ def _restore(trainer: Trainer, uri: str, payload: dict) -> None:
     trainer.log.info(
         "distill %s: resumed from %s at step %d", trainer.params.name, uris.redact(uri), trainer.state.step
     )
+
+
+def _exported(trainer: Trainer) -> dict:
+    """Score the best weights (loaded) and, with ``blend_initial``, each blend of the initial and final weights;
+    load the weights to export (a blend only when it scores better by ``select_on``) and return their record:
+    the best weights' evaluation, with ``blend`` (the chosen fraction, or None) and ``blends`` (every blend's
+    evaluation) when blending. Every process exports the leader's choice."""
+    best = {"step": trainer.state.best_step, **trainer.validate()}
+    if trainer.initial_weights is None or trainer.final_weights is None:
+        _log_scores(trainer, "exporting the weights of", best)
+        return best
+    blends = []
+    for a in trainer.params.blend_initial:
+        trainer.model.load_state_dict(blending.blend(trainer.initial_weights, trainer.final_weights, a))
+        blends.append({"step": trainer.state.step, "blend": a, **trainer.validate()})
+        _log_blend(trainer, f"blend {a:g} of the initial weights and those of", blends[-1])
+    select_on = trainer.params.select_on
+    chosen, blends = trainer.dist.gather((blending.choose(best, blends, select_on), blends))[0]
+    if chosen is None:
+        trainer.model.load_state_dict(trainer.best_weights)
+        _log_blend(trainer, f"no blend beats the best weights by {select_on}; exporting the weights of", best)
+        return {**best, "blend": None, "blends": blends}
+    a = chosen["blend"]
+    trainer.model.load_state_dict(blending.blend(trainer.initial_weights, trainer.final_weights, a))
+    what = f"blend {a:g} beats the best weights by {select_on}; exporting the initial weights blended {a:g} toward"
+    _log_blend(trainer, f"{what} those of", chosen)
+    return {**chosen, "blends": blends}
 
 
 def _latest_checkpoint(checkpoints: Checkpoints) -> tuple[dict, str, dict] | None:
@@ -295,6 +333,20 @@ def _log_scores(trainer: Trainer, what: str, result: dict) -> None:
         result["step"],
         result["val_mse"],
         result["val_cosine"],
+    )
+
+
+def _log_blend(trainer: Trainer, what: str, result: dict) -> None:
+    """A blend's (or the exported weights') scores, with the STS dev score when selecting on it."""
+    sts_dev = f", sts_dev {result['sts_dev']:.3f}" if "sts_dev" in result else ""
+    trainer.log.info(
+        "distill %s: %s step %d: val_mse %.6g, val_cosine %.4f%s",
+        trainer.params.name,
+        what,
+        result["step"],
+        result["val_mse"],
+        result["val_cosine"],
+        sts_dev,
     )
 
 

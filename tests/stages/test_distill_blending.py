@@ -1,0 +1,282 @@
+"""``blend_initial``: blends of the initial and the final weights, scored after training, one exported when it
+scores better by ``select_on``; the initial weights survive a resume."""
+
+import io
+import json
+import logging
+import os
+import subprocess
+import sys
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tasks import cli
+from tasks.core import config, storage
+from tasks.stages import distill
+from tasks.stages.distill import blending
+from tasks.stages.distill import stage as distill_stage
+from tasks.stages.distill import trainer as trainer_module
+from tasks.stages.distill.data import TrainingData, shard_pairs
+from tasks.stages.distill.distributed import Distributed
+from tests.stages.test_distill import _max_diff, _run_file, _values, _weights
+from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
+from tests.support.servers import free_port
+
+DAY = date(2026, 11, 3)
+FRACTIONS = [0.25, 0.5, 0.75]
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A store with 160 staged sentences, encoded by a tiny teacher and projected to 8 dims."""
+    return projected_store(tmp_path_factory.mktemp("blending"), corpus_lines(160), DAY, shard_rows=80)
+
+
+def _params(prepared, **extra):
+    values = {"init": "random", "max_steps": 6, "eval_every": 3, "blend_initial": FRACTIONS, **extra}
+    return config.parse(distill.DistillParams, _values(prepared, **values))
+
+
+@pytest.fixture
+def trainers(monkeypatch):
+    """Every Trainer the distill stage builds in this test, in order."""
+    built = []
+
+    class Recorded(distill.Trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            built.append(self)
+
+    monkeypatch.setattr(distill_stage, "Trainer", Recorded)
+    return built
+
+
+def _as_published(weights, published):
+    """Trainer weights (a state dict) under the names the exported folder gives them, as ``published`` has."""
+    renamed = {key.removeprefix("transformer."): value.float().cpu().numpy() for key, value in weights.items()}
+    assert published.keys() <= renamed.keys()
+    return {key: renamed[key] for key in published}
+
+
+# -- the pure functions ---------------------------------------------------------------------------------------
+def test_blend_interpolates_floating_point_tensors_and_keeps_the_others():
+    initial = {"w": torch.zeros(2, 3), "h": torch.zeros(4, dtype=torch.bfloat16), "ids": torch.arange(4)}
+    best = {"w": torch.full((2, 3), 2.0), "h": torch.ones(4, dtype=torch.bfloat16), "ids": torch.arange(4) + 10}
+    blended = blending.blend(initial, best, 0.25)
+    assert torch.equal(blended["w"], torch.full((2, 3), 0.5))
+    assert blended["h"].dtype == torch.bfloat16 and torch.equal(blended["h"], torch.full((4,), 0.25).bfloat16())
+    assert torch.equal(blended["ids"], best["ids"])  # an integer buffer is the best weights'
+    assert torch.equal(initial["w"], torch.zeros(2, 3)) and torch.equal(best["w"], torch.full((2, 3), 2.0))
+    copy = blending.cpu_copy(best)
+    copy["w"].add_(1)
+    assert copy["w"].device.type == "cpu" and torch.equal(best["w"], torch.full((2, 3), 2.0))
+
+
+@pytest.mark.parametrize(
+    ("select_on", "best", "scores", "chosen"),
+    [
+        ("val_mse", 1.0, [1.2, 0.9, 0.8], 0.75),  # the lowest MSE
+        ("val_mse", 1.0, [1.0, 1.0, 1.1], None),  # a tie keeps the best weights
+        ("val_mse", 1.0, [1.1, 1.2, 1.3], None),
+        ("sts_dev", 50.0, [49.0, 52.0, 51.0], 0.5),  # the highest dev score
+        ("sts_dev", 50.0, [50.0, 49.0, 48.0], None),
+    ],
+)
+def test_a_blend_is_chosen_only_when_strictly_better(select_on, best, scores, chosen):
+    def record(value, **extra):
+        return {"step": 6, "val_cosine": 0.5, "val_mse": 1.0, "sts_dev": 50.0, select_on: value, **extra}
+
+    blends = [record(score, blend=a) for a, score in zip(FRACTIONS, scores, strict=True)]
+    choice = blending.choose(record(best), blends, select_on)
+    assert (choice and choice["blend"]) == chosen
+    assert blending.choose(record(best), [], select_on) is None
+
+
+def test_blend_fractions_are_validated_and_normalised(prepared):
+    assert _params(prepared, blend_initial=[0.5, 0.25, 0.5]).blend_initial == [0.25, 0.5]
+    assert _params(prepared, blend_initial=[]).blend_initial == []
+    for wrong in (0, 1, 1.5, -0.1):
+        with pytest.raises(config.ConfigError, match="blend_initial"):
+            _params(prepared, blend_initial=[0.5, wrong])
+    args = cli.build_parser().parse_args(["distill", "--blend-initial", "0.75", "0.5"])
+    assert _params(prepared, blend_initial=args.blend_initial).blend_initial == [0.5, 0.75]
+
+
+# -- the stage --------------------------------------------------------------------------------------------------
+def test_each_blend_is_scored_and_the_export_follows_the_scores(prepared, trainers, caplog):
+    caplog.set_level(logging.INFO, logger="tasks")
+    result = distill.run(_params(prepared, name="blended"))
+    [trainer] = trainers
+    exported, best_step = result.stats["exported"], result.stats["best_step"]
+    blends = exported["blends"]
+    assert [b["blend"] for b in blends] == FRACTIONS
+    final_step = result.stats["steps"]
+    assert all(b["step"] == final_step and {"val_mse", "val_cosine"} <= b.keys() for b in blends)
+    lowest = min(blends, key=lambda b: b["val_mse"])
+    published = _weights(prepared["store"], "blended")
+    if lowest["val_mse"] < result.stats["best_val_mse"]:
+        assert exported == {**lowest, "blends": blends}
+        expected = blending.blend(trainer.initial_weights, trainer.final_weights, lowest["blend"])
+    else:
+        assert exported["blend"] is None and exported["val_mse"] == pytest.approx(result.stats["best_val_mse"])
+        expected = trainer.best_weights
+    assert _max_diff(published, _as_published(expected, published)) < 1e-6
+    metrics = json.loads(storage.read_bytes(_metrics_uri(prepared["store"], "blended")))
+    assert metrics["exported"] == exported
+    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.stages.distill.trainer"]
+    for b in blends:
+        assert (
+            f"distill blended: blend {b['blend']:g} of the initial weights and those of step {final_step}: "
+            f"val_mse {b['val_mse']:.6g}, val_cosine {b['val_cosine']:.4f}" in lines
+        )
+    assert f"exporting the weights of step {best_step}" in lines[-1] or "exporting the initial weights" in lines[-1]
+
+
+def _metrics_uri(store, name):
+    return _run_file(store, name, "metrics.json")
+
+
+def _forced_scores(monkeypatch, final_scores):
+    """Scores that make training improve at every evaluation (so the best weights are the last ones, not the
+    initial ones) and, once training is over, score the weights by ``final_scores(trainer)``."""
+    scoring = trainer_module._exported
+
+    def exported(trainer):
+        trainer.scoring_the_export = True
+        return scoring(trainer)
+
+    def validate(trainer):
+        scores = trainer_module._validation_scores(trainer.model, trainer.data, False)
+        if getattr(trainer, "scoring_the_export", False):
+            value = final_scores(trainer)
+        else:
+            value = -float(trainer.state.step)  # later is better
+        return {**scores, "val_mse": value, "sts_dev": -value}
+
+    monkeypatch.setattr(trainer_module, "_exported", exported)
+    monkeypatch.setattr(distill.Trainer, "validate", validate)
+
+
+def _distance_to_the_midpoint(trainer):
+    """Lowest (0) for the weights halfway between the initial and the final ones."""
+    now = trainer.model.state_dict()
+    return sum(
+        float(((now[k].cpu() - (trainer.initial_weights[k] + trainer.final_weights[k].cpu()) / 2) ** 2).sum())
+        for k in now
+        if torch.is_floating_point(now[k])
+    )
+
+
+@pytest.mark.parametrize("select_on", ["val_mse", "sts_dev"])
+def test_a_blend_that_scores_better_is_published(prepared, trainers, monkeypatch, select_on):
+    _forced_scores(monkeypatch, _distance_to_the_midpoint)
+    name = f"midpoint-{select_on.replace('_', '-')}"
+    result = distill.run(_params(prepared, select_on=select_on, name=name))
+    [trainer] = trainers
+    exported = result.stats["exported"]
+    assert result.stats["best_step"] == 6 and exported["blend"] == 0.5 and exported["step"] == 6
+    assert [b["blend"] for b in exported["blends"]] == FRACTIONS
+    published = _weights(prepared["store"], name)
+    halfway = _as_published(blending.blend(trainer.initial_weights, trainer.final_weights, 0.5), published)
+    assert _max_diff(published, halfway) < 1e-6
+    assert _max_diff(published, _as_published(trainer.best_weights, published)) > 1e-4  # training moved them
+
+
+def test_a_tie_publishes_the_best_weights(prepared, trainers, monkeypatch):
+    _forced_scores(monkeypatch, lambda trainer: 0.0)
+    result = distill.run(_params(prepared, name="tied"))
+    [trainer] = trainers
+    assert result.stats["exported"]["blend"] is None and len(result.stats["exported"]["blends"]) == 3
+    published = _weights(prepared["store"], "tied")
+    assert _max_diff(published, _as_published(trainer.best_weights, published)) < 1e-6
+
+
+class _Stop(Exception):
+    """Ends a run right after its first checkpoint, as a kill would."""
+
+
+def test_the_initial_weights_survive_a_resume(prepared, trainers, monkeypatch):
+    straight = distill.run(_params(prepared, checkpoint_every=3, name="blend-straight"))
+    params = _params(prepared, checkpoint_every=3, name="blend-resumed")
+    save = distill.Trainer._save_checkpoint
+
+    def save_then_stop(self):
+        save(self)
+        raise _Stop
+
+    with monkeypatch.context() as patch:
+        patch.setattr(distill.Trainer, "_save_checkpoint", save_then_stop)
+        with pytest.raises(_Stop):
+            distill.run(params)
+    latest = json.loads(storage.read_bytes(f"{prepared['store']}/students/blend-resumed/checkpoints/latest.json"))
+    payload = torch.load(
+        io.BytesIO(storage.read_bytes(f"{prepared['store']}/{latest['key']}")), map_location="cpu", weights_only=True
+    )
+    assert latest["step"] == 3 and payload["initial_weights"].keys() == payload["model"].keys()
+    resumed = distill.run(params)
+    assert resumed.stats["init"]["resumed_from_step"] == 3
+    first, _, restored = trainers
+    assert all(torch.equal(first.initial_weights[k], restored.initial_weights[k]) for k in first.initial_weights)
+    assert _max_diff(_weights(prepared["store"], "blend-resumed"), _weights(prepared["store"], "blend-straight")) < 1e-6
+    for ran, again in zip(straight.stats["exported"]["blends"], resumed.stats["exported"]["blends"], strict=True):
+        assert again == pytest.approx(ran)
+    assert resumed.stats["exported"]["blend"] == straight.stats["exported"]["blend"]
+
+
+def test_without_blending_no_initial_weights_are_kept(prepared, trainers, monkeypatch):
+    params = _params(prepared, blend_initial=[], checkpoint_every=3, max_steps=4, name="unblended")
+    result = distill.run(params)
+    [trainer] = trainers
+    assert trainer.initial_weights is None
+    assert "blend" not in result.stats["exported"] and "blends" not in result.stats["exported"]
+    latest = json.loads(storage.read_bytes(f"{prepared['store']}/students/unblended/checkpoints/latest.json"))
+    payload = torch.load(
+        io.BytesIO(storage.read_bytes(f"{prepared['store']}/{latest['key']}")), map_location="cpu", weights_only=True
+    )
+    assert "initial_weights" not in payload
+    assert np.isfinite(result.stats["exported"]["val_mse"])
+
+
+class _LeaderChoseHalf(Distributed):
+    """One process standing for a follower: whatever it scores, the leader (rank 0) chose the blend 0.5."""
+
+    def gather(self, value):
+        if isinstance(value, tuple):  # (the choice, every blend's evaluation)
+            _, blends = value
+            return [({**blends[1], "val_mse": -1.0}, blends), value]
+        return super().gather(value)
+
+
+def test_every_process_exports_the_leaders_choice(prepared):
+    params = _params(prepared, name="follower")
+    data = TrainingData(shard_pairs(params.store, params.teacher, PCA_NAME), 0, params.val_fraction, 100)
+    trainer = distill.Trainer(params, data, "cpu", _LeaderChoseHalf(), "follower")
+    trainer.restore_or_initialise(force=True)
+    trainer.train(progress=False)
+    assert trainer.exported["blend"] == 0.5 and trainer.exported["val_mse"] == -1.0
+    halfway = blending.blend(trainer.initial_weights, trainer.final_weights, 0.5)
+    assert all(torch.equal(value, halfway[key]) for key, value in trainer.model.state_dict().items())
+
+
+def test_two_process_ddp_blends_as_one_process_does(prepared):
+    common = {"max_steps": 6, "eval_every": 3, "dropout": 0.0, "init": "ridge", "grad_accum": 2}
+    single = distill.run(_params(prepared, name="blend-single", **common))
+    values = _values(prepared, name="blend-ddp", **common)
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in values.items()] + ["--blend-initial", *map(str, FRACTIONS)]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--nnodes=1"]
+    command += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", "--no-python"]
+    command += [str(Path(sys.executable).parent / "hpd"), "distill", *args, "--quiet"]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    metrics = json.loads(storage.read_bytes(_metrics_uri(prepared["store"], "blend-ddp")))
+    assert metrics["world_size"] == 2
+    exported = single.stats["exported"]
+    assert metrics["exported"]["blend"] == exported["blend"]
+    for ddp, one in zip(metrics["exported"]["blends"], exported["blends"], strict=True):
+        assert ddp["blend"] == one["blend"] and ddp["val_mse"] == pytest.approx(one["val_mse"], abs=1e-6)
+    assert _max_diff(_weights(prepared["store"], "blend-ddp"), _weights(prepared["store"], "blend-single")) < 1e-4
