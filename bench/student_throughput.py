@@ -43,7 +43,8 @@ import torch
 
 from bench import CORPUS, _paired, distill_quality, results
 from tasks.ml import models
-from tasks.ml.encoder import Dtype, SentenceEncoder
+from tasks.ml.encoder import SentenceEncoder
+from tasks.ml.precision import Dtype
 
 SENTENCES = int(os.environ.get("HPD_BENCH_THROUGHPUT_SENTENCES", 1024))
 ROUNDS = int(os.environ.get("HPD_BENCH_ROUNDS", 3))

@@ -56,12 +56,7 @@ from tasks.stages.params import AugmentParams, EncodeTeacherParams, StageCorpusP
         "translate_forward": stage_param(AugmentParams, "translate_forward"),
         "translate_backward": stage_param(AugmentParams, "translate_backward"),
         "teacher": stage_param(EncodeTeacherParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT),
-        "dtype": stage_param(
-            EncodeTeacherParams,
-            "dtype",
-            "bf16",
-            "bf16 autocast is the fast path on the workers' AVX-512 BF16 CPUs and on GPUs",
-        ),
+        "dtype": stage_param(EncodeTeacherParams, "dtype"),
         "shard_groups": Param(2, type="integer", minimum=1, description="mapped encode tasks"),
     },
 )

@@ -40,11 +40,11 @@ class DemoPlan:
     day: date = date(2026, 11, 30)
     rows: int = 2000
     epochs: int = 1
-    teacher: str | None = None  # default: the DAGs' (HPD_DEFAULT_TEACHER or the packaged mpnet)
+    teacher: str | None = None  # default: the DAGs' (HPD_DEFAULT_TEACHER or the packaged mpnet + MiniLM)
     student: str | None = None
     k: int = 128
-    teacher_dtype: str = "bf16"
-    amp: str = "bf16"
+    teacher_dtype: str = "auto"  # bf16 where the hardware runs it natively, else fp32 (tasks.ml.precision)
+    amp: str = "auto"
     model_name: str = "demo-student"
     extra_conf: dict[str, dict] = field(default_factory=dict)
 

@@ -4,7 +4,8 @@ Loads a sentence-transformers folder (Transformer -> Pooling -> optional Dense -
 Normalize, as its ``modules.json`` says) or a plain Hugging Face encoder (mean pooling) with
 ``transformers`` directly, and encodes with token-length-bucketed batches under
 ``torch.inference_mode`` and an optional autocast dtype (bf16 on CPUs with AVX-512 BF16,
-fp16/bf16 on CUDA). Embeddings come back as float32 in input order.
+fp16/bf16 on CUDA; ``auto``: bf16 where native, else fp32, :mod:`tasks.ml.precision`). Embeddings come
+back as float32 in input order.
 """
 
 from __future__ import annotations
@@ -22,11 +23,11 @@ from safetensors.torch import load_file
 from transformers import AutoModel, AutoTokenizer
 from transformers.utils import logging as transformers_logging
 
-from tasks.ml import models
+from tasks.ml import models, precision
+from tasks.ml.precision import Choice
 
 log = logging.getLogger(__name__)
 
-Dtype = Literal["fp32", "bf16", "fp16"]
 OnRows = Callable[[int], object]  # told the row count of each batch encoded
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 _ACTIVATIONS = {"torch.nn.modules.activation.Tanh": torch.tanh, "torch.nn.modules.linear.Identity": lambda x: x}
@@ -212,7 +213,7 @@ class SentenceEncoder(torch.nn.Module):
         return self.dense.linear.out_features if self.dense else self.transformer.config.hidden_size
 
     def encode(
-        self, texts: list[str], batch_size: int = 64, dtype: Dtype = "fp32", on_rows: OnRows | None = None
+        self, texts: list[str], batch_size: int = 64, dtype: Choice = "fp32", on_rows: OnRows | None = None
     ) -> np.ndarray:
         """Embeddings of ``texts`` (float32, input order); ``on_rows(n)`` is told of each batch of n done
         (e.g. :meth:`tasks.core.progress.Progress.update`)."""
@@ -224,8 +225,10 @@ class SentenceEncoder(torch.nn.Module):
                     on_rows(len(positions))
         return out
 
-    def forward(self, batch: dict[str, torch.Tensor], dtype: Dtype = "fp32") -> torch.Tensor:
-        """Pooled (and projected, normalised) embeddings of one tokenised batch; differentiable."""
+    def forward(self, batch: dict[str, torch.Tensor], dtype: Choice = "fp32") -> torch.Tensor:
+        """Pooled (and projected, normalised) embeddings of one tokenised batch; differentiable. ``auto``:
+        :func:`tasks.ml.precision.resolve` on this encoder's device."""
+        dtype = precision.resolve(dtype, self.device.type)
         autocast = torch.autocast(self.device.type, dtype=_AUTOCAST.get(dtype, torch.float32), enabled=dtype != "fp32")
         with autocast:
             hidden = self.transformer(**batch).last_hidden_state

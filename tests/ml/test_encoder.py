@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
+from tasks.ml import precision
 from tasks.ml.encoder import SentenceEncoder
 from tests.support.tiny_models import build_sentence_model
 
@@ -59,3 +60,10 @@ def test_only_missing_weights_that_matter_are_reported(tmp_path, caplog, capfd):
         SentenceEncoder.load(str(folder))
     (record,) = caplog.records
     assert str(folder) in record.getMessage() and dropped.removeprefix("bert.") in record.getMessage()
+
+
+def test_auto_dtype_encodes_as_the_dtype_it_resolves_to(tmp_path, monkeypatch):
+    encoder = SentenceEncoder.load(str(build_sentence_model(tmp_path / "m")))
+    for native, same_as in ((False, "fp32"), (True, "bf16")):
+        monkeypatch.setattr(precision, "native_bf16", lambda device, native=native: native)
+        np.testing.assert_array_equal(encoder.encode(TEXTS, dtype="auto"), encoder.encode(TEXTS, dtype=same_as))
