@@ -3,7 +3,8 @@
 Teacher all-mpnet-base-v2 -> PCA-128 (uncentered) -> students all-MiniLM-L6-v2 and its first 3 layers, run by
 the pipeline's own stages on a persistent store under ``var/bench/distill_quality`` (a rerun skips what is
 finished, scores included): ``HPD_BENCH_SENTENCES`` corpus sentences plus 25% WordNet variants. The teacher
-encoding is a stage run of its own, reported apart.
+encodings (the teacher alone, and the two-teacher composite of :mod:`tasks.ml.teachers`: the teacher and
+the base student, whose member encodings it reuses) are stage runs of their own, reported apart.
 
 Levers: short runs of the 6-layer student (``LEVER_STEPS`` steps of 64 sentences), each changing one setting
 of the reference; the dev sets (STS-B dev, SICK-R dev) choose, the test sets report. The recipe: the two
@@ -28,7 +29,7 @@ import numpy as np
 from bench import REPO, results
 from tasks.core import config, manifest, sentences, storage
 from tasks.core.catalog import Stage
-from tasks.ml import models, sts
+from tasks.ml import models, precision, sts
 from tasks.stages import augment, distill, encode_teacher, fit_pca, stage_corpus
 from tasks.stages.distill.stage import RUNTIME
 
@@ -48,6 +49,9 @@ REFERENCE = {
     "length_grouped": False,
 }
 PREDATING = {"length_grouped": False}  # how runs published before a parameter existed behaved
+TWO_TEACHERS = models.DEFAULT_TEACHER_SPEC  # the stages' default: teacher + base student
+DTYPE = precision.resolve("auto", "cpu")  # bf16 on CPUs with AVX-512 BF16 or AMX (where it was measured), else fp32
+AMP = "bf16" if DTYPE == "bf16" else "off"
 LEVERS: dict[str, dict[str, Any]] = {
     "reference: lr 1e-4, MSE, weights of the lowest validation MSE": {},
     "lr 3e-5": {"lr": 3e-5},
@@ -57,12 +61,23 @@ LEVERS: dict[str, dict[str, Any]] = {
     "embeddings and 3 lower layers frozen": {"freeze_layers": 3},
     "max_seq_length 32": {"max_seq_length": 32},
     "length-grouped batches": {"length_grouped": True},
+    "targets from two teachers (teacher and base student, concatenated, PCA-128)": {"teacher": TWO_TEACHERS},
+    "weights of the best STS dev score, blends of the initial and final weights among the candidates": {
+        "select_on": "sts_dev",
+        "blend_initial": [0.25, 0.5, 0.75],
+    },
 }
 RECIPE: dict[str, dict[str, Any]] = {
     "MiniLM-L6": {"max_steps": 1800},
     "MiniLM-L3": {"student_layers": 3, "max_steps": 2400},
 }
-WINNING: dict[str, Any] = {"length_grouped": True, "select_on": "sts_dev", "eval_every": 200}  # + two teachers
+WINNING: dict[str, Any] = {
+    "teacher": TWO_TEACHERS,
+    "length_grouped": True,
+    "select_on": "sts_dev",
+    "blend_initial": [0.25, 0.5, 0.75],
+    "eval_every": 200,
+}
 SETS: dict[str, Callable[[], sts.PairSet]] = {
     "STS-B dev": sts.stsb_dev,
     "SICK-R dev": sts.sick_r_dev,
@@ -81,14 +96,16 @@ def prepare() -> dict:
             {"source": str(REPO / "data" / "corpus" / "sentences.tsv.gz"), "column": "sentence", "limit": SENTENCES},
         ),
         ("augment", augment.run, augment.AugmentParams, {"methods": ["wordnet"], "fraction": 0.25}),
-        ("encode_teacher", encode_teacher.run, encode_teacher.EncodeTeacherParams, {"dtype": "bf16"}),
     ]
+    for teacher in (models.DEFAULT_TEACHER, TWO_TEACHERS):
+        values = {"dtype": DTYPE, "teacher": teacher}
+        steps.append((f"encode_teacher {teacher}", encode_teacher.run, encode_teacher.EncodeTeacherParams, values))
     timings = {}
     for name, run, model, values in steps:
         timings[name] = _timed_stage(run, config.parse(model, {"store": STORE, "ingest_date": DAY, **values}))
-    timings["fit_pca"] = _timed_stage(
-        fit_pca.run, config.parse(fit_pca.FitPCAParams, {"store": STORE, "k": 128, "max_rows": 40_000})
-    )
+    for teacher in (models.DEFAULT_TEACHER, TWO_TEACHERS):
+        values = {"store": STORE, "teacher": teacher, "k": 128, "max_rows": 40_000}
+        timings[f"fit_pca {teacher}"] = _timed_stage(fit_pca.run, config.parse(fit_pca.FitPCAParams, values))
     return timings
 
 
@@ -103,7 +120,14 @@ def _timed_stage(run: Callable[..., manifest.StageResult], params: Any) -> dict:
 def train(name: str, overrides: dict[str, Any]) -> dict:
     """A distill run of the reference with ``overrides`` (a published run of that name whose recorded params
     agree is reused: it may predate a newer stage parameter); its stats and seconds, as published."""
-    values = {"amp": "bf16", "threads": THREADS, "checkpoint_every": 400, **REFERENCE, **overrides}
+    values = {
+        "teacher": models.DEFAULT_TEACHER,
+        "amp": AMP,
+        "threads": THREADS,
+        "checkpoint_every": 400,
+        **REFERENCE,
+        **overrides,
+    }
     published = manifest.read(STORE, Stage.DISTILL, name)
     recorded = {**PREDATING, **published.params} if published else {}
     if published is None or any(recorded.get(k) != v for k, v in values.items() if k not in RUNTIME):
@@ -111,10 +135,13 @@ def train(name: str, overrides: dict[str, Any]) -> dict:
             config.parse(distill.DistillParams, {"store": STORE, "name": name, **values}), progress=True
         ).manifest
     stats, seconds = published.stats, published.document["timings_s"]["train"]
+    metrics = next(o for o in published.outputs if o.uri.endswith("/metrics.json"))
     return {
         "params": values,
         "steps": stats["steps"],
         "best_step": stats["best_step"],
+        "exported": stats["exported"],
+        "evals": json.loads(storage.read_bytes(metrics.uri, sha256=metrics.sha256))["evals"],
         "train_seconds": round(seconds, 1),
         "sentences_per_s": round(stats["steps"] * values["batch_size"] / seconds),
         "val_cosine": {"initial": stats["initial"]["val_cosine"], "exported": stats["exported"]["val_cosine"]},
@@ -169,24 +196,28 @@ def baselines(layers: int | None, train_texts: list[str]) -> dict[str, dict[str,
 
 
 def teacher_rows() -> dict[str, dict[str, float]]:
-    from tasks.ml.encoder import SentenceEncoder
+    from tasks.ml import teachers
     from tasks.ml.projection import load_projection
 
-    def teacher() -> Any:
-        return SentenceEncoder.load(models.DEFAULT_TEACHER)
+    def projected(teacher: str) -> Callable[[], Callable[[list[str]], np.ndarray]]:
+        def factory() -> Callable[[list[str]], np.ndarray]:
+            encoder, projection = teachers.load(teacher), load_projection(STORE, teacher, "k128-uncentered")
+            return lambda texts: projection.apply(encoder.encode(texts, dtype=DTYPE))
 
-    def projected() -> Callable[[list[str]], np.ndarray]:
-        encoder, projection = teacher(), load_projection(STORE, models.DEFAULT_TEACHER, "k128-uncentered")
-        return lambda texts: projection.apply(encoder.encode(texts, dtype="bf16"))
+        return factory
 
+    full = scored("teacher", lambda: lambda t: teachers.load(models.DEFAULT_TEACHER).encode(t, dtype=DTYPE))
     return {
-        "teacher all-mpnet-base-v2 (768-d)": scored("teacher", lambda: lambda t: teacher().encode(t, dtype="bf16")),
-        "teacher + PCA-128 (the targets)": scored("teacher-pca", projected),
+        "teacher all-mpnet-base-v2 (768-d)": full,
+        "teacher + PCA-128 (the single-teacher targets)": scored("teacher-pca", projected(models.DEFAULT_TEACHER)),
+        "two teachers + PCA-128 (the recipe's targets)": scored("two-teachers-pca", projected(TWO_TEACHERS)),
     }
 
 
 def main() -> dict:
     import torch
+
+    from tasks.ml import student
 
     torch.set_num_threads(THREADS)
     prepared = prepare()
@@ -195,64 +226,23 @@ def main() -> dict:
         for uri in sentences.shards(STORE, DAY, (Stage.STAGE_CORPUS,))
         for text in storage.read_parquet(uri, columns=["text"]).column("text").to_pylist()
     ][:8000]
-    levers = {}
-    for number, (lever, overrides) in enumerate(LEVERS.items()):
-        run = train(f"lever-{number}", {"max_steps": LEVER_STEPS, **overrides})
-        levers[lever] = {**run, "scores": scored(f"{run['key']}@{run['fingerprint']}", _student(run))}
-    levers["targets from two teachers (teacher and base student, concatenated, PCA-128)"] = two_teachers(
-        "lever-two-teachers", {"max_steps": LEVER_STEPS}
-    )
-    recipe = {name: two_teachers(f"recipe-{name}", {**WINNING, **budget}) for name, budget in RECIPE.items()}
+    levers = {
+        lever: trained(f"lever-{number}", {"max_steps": LEVER_STEPS, **overrides})
+        for number, (lever, overrides) in enumerate(LEVERS.items())
+    }
+    recipe = {name: trained(f"recipe-{name}", {**WINNING, **budget}) for name, budget in RECIPE.items()}
     table = {**teacher_rows(), **baselines(None, train_texts), **baselines(3, train_texts)}
     for name, run in recipe.items():
         shutil.rmtree(STUDENTS / name, ignore_errors=True)
-        shutil.copytree(STUDENTS / ".scoring" / f"recipe-{name}", STUDENTS / name)
+        student.fetch_exported(STORE, run["key"], STUDENTS / name)
         table[f"student {name} (128-d, HPD recipe)"] = run["scores"]
     return _write(table, levers, recipe, prepared)
 
 
-def two_teachers(name: str, overrides: dict[str, Any]) -> dict:
-    """The two-teacher lever (``bench/_two_teachers.py``): its run and scores, and its targets' scores."""
-    cache = json.loads(SCORES.read_text()) if SCORES.exists() else {}
-    key = f"two-teachers:{name}:{json.dumps(overrides, sort_keys=True)}"
-    if key not in cache:
-        cache[key] = _two_teachers_run(name, overrides)
-        SCORES.write_text(json.dumps(cache, indent=2))
-    return cache[key]
-
-
-def _two_teachers_run(name: str, overrides: dict[str, Any]) -> dict:
-    from bench import _two_teachers
-    from tasks.stages.distill.data import TrainingData
-
-    pairs, projection = _two_teachers.shard_pairs(STORE, REPO / "var" / "bench" / "two_teachers")
-    values = {"store": STORE, "amp": "bf16", "threads": THREADS, "name": name, **REFERENCE, **overrides}
-    params = config.parse(distill.DistillParams, values)
-    trainer = distill.Trainer(
-        params,
-        TrainingData(pairs, params.seed, params.val_fraction, params.val_max_rows),
-        "cpu",
-        distill.Distributed(),
-        name,
-    )
-    start = time.perf_counter()
-    trainer.restore_or_initialise(force=True)
-    trainer.train(progress=True)
-    seconds = time.perf_counter() - start
-    folder = STUDENTS / ".scoring" / name
-    shutil.rmtree(folder, ignore_errors=True)
-    trainer.model.save(folder)
-    return {
-        "params": {k: v for k, v in values.items() if k not in ("store", "name")},
-        "steps": trainer.state.step,
-        "best_step": trainer.state.best_step,
-        "evals": trainer.state.evals,
-        "train_seconds": round(seconds, 1),
-        "sentences_per_s": round(trainer.state.step * params.batch_size / seconds),
-        "val_cosine": {"initial": trainer.state.evals[0]["val_cosine"], "exported": trainer.exported["val_cosine"]},
-        "scores": scored(f"two-teachers-student:{name}", lambda: _folder_encoder(folder)),
-        "targets_scores": scored("two-teachers-targets", lambda: _two_teachers.targets_encoder(projection)),
-    }
+def trained(name: str, overrides: dict[str, Any]) -> dict:
+    """A distill run (:func:`train`) with the STS scores of the student it exported."""
+    run = train(name, overrides)
+    return {**run, "scores": scored(f"{run['key']}@{run['fingerprint']}", _student(run))}
 
 
 def _folder_encoder(folder) -> Callable[[list[str]], np.ndarray]:
@@ -271,6 +261,7 @@ def _write(table: dict, levers: dict, recipe: dict, prepared: dict) -> dict:
     details = {
         "sentences": SENTENCES,
         "threads": THREADS,
+        "dtype": {"teacher": DTYPE, "amp": AMP},
         "lever_steps": LEVER_STEPS,
         "reference": REFERENCE,
         "winning": WINNING,
