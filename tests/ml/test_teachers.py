@@ -33,3 +33,16 @@ def test_combine_normalises_each_member_then_sets_them_side_by_side():
 def test_a_composite_teachers_store_name_joins_its_members_names():
     assert catalog.slug("sentence-transformers/all-mpnet-base-v2+/models/mini") == "all-mpnet-base-v2--mini"
     assert catalog.slug("a+..") == "a--_"
+
+
+def test_a_loaded_composite_teacher_encodes_as_its_shards_are_combined(tmp_path):
+    from tasks.ml.encoder import SentenceEncoder
+    from tests.support.tiny_models import build_sentence_model
+
+    first, second = build_sentence_model(tmp_path / "a"), build_sentence_model(tmp_path / "b", hidden=16, seed=1)
+    texts = ["a man plays a guitar", "two dogs run"]
+    composite = teachers.load(f"{first}+{second}")
+    assert isinstance(composite, teachers.CompositeTeacher) and composite.dim == 48
+    members = [SentenceEncoder.load(str(path)).encode(texts) for path in (first, second)]
+    np.testing.assert_allclose(composite.encode(texts), teachers.combine(members), atol=1e-6)
+    assert isinstance(teachers.load(str(first)), SentenceEncoder)
