@@ -274,10 +274,8 @@ class _Stop(Exception):
     """Ends a run right after its first checkpoint, as a kill would."""
 
 
-def _checkpointed_run(prepared, monkeypatch, name):
-    """A run of ``name`` stopped right after its checkpoint of step 1: its params, ``latest.json``'s URI
-    and the pointer in it (which names the checkpoint by its store-relative ``key``)."""
-    params = _params(prepared, max_steps=6, checkpoint_every=1, name=name)
+def _stopped_after_first_checkpoint(params, monkeypatch) -> None:
+    """Run ``params`` and stop it right after its first checkpoint, as a kill would."""
     save = distill.Trainer._save_checkpoint
 
     def save_then_stop(self):
@@ -288,6 +286,13 @@ def _checkpointed_run(prepared, monkeypatch, name):
         patch.setattr(distill.Trainer, "_save_checkpoint", save_then_stop)
         with pytest.raises(_Stop):
             distill.run(params)
+
+
+def _checkpointed_run(prepared, monkeypatch, name):
+    """A run of ``name`` stopped right after its checkpoint of step 1: its params, ``latest.json``'s URI
+    and the pointer in it (which names the checkpoint by its store-relative ``key``)."""
+    params = _params(prepared, max_steps=6, checkpoint_every=1, name=name)
+    _stopped_after_first_checkpoint(params, monkeypatch)
     latest = f"{prepared['store']}/students/{name}/checkpoints/latest.json"
     return params, latest, json.loads(storage.read_bytes(latest))
 

@@ -22,7 +22,7 @@ from tasks.stages.distill import stage as distill_stage
 from tasks.stages.distill import trainer as trainer_module
 from tasks.stages.distill.data import TrainingData, shard_pairs
 from tasks.stages.distill.distributed import Distributed
-from tests.stages.test_distill import _max_diff, _run_file, _values, _weights
+from tests.stages.test_distill import _max_diff, _run_file, _stopped_after_first_checkpoint, _values, _weights
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
 from tests.support.servers import free_port
 
@@ -195,23 +195,10 @@ def test_a_tie_publishes_the_best_weights(prepared, trainers, monkeypatch):
     assert _max_diff(published, _as_published(trainer.best_weights, published)) < 1e-6
 
 
-class _Stop(Exception):
-    """Ends a run right after its first checkpoint, as a kill would."""
-
-
 def test_the_initial_weights_survive_a_resume(prepared, trainers, monkeypatch):
     straight = distill.run(_params(prepared, checkpoint_every=3, name="blend-straight"))
     params = _params(prepared, checkpoint_every=3, name="blend-resumed")
-    save = distill.Trainer._save_checkpoint
-
-    def save_then_stop(self):
-        save(self)
-        raise _Stop
-
-    with monkeypatch.context() as patch:
-        patch.setattr(distill.Trainer, "_save_checkpoint", save_then_stop)
-        with pytest.raises(_Stop):
-            distill.run(params)
+    _stopped_after_first_checkpoint(params, monkeypatch)
     latest = json.loads(storage.read_bytes(f"{prepared['store']}/students/blend-resumed/checkpoints/latest.json"))
     payload = torch.load(
         io.BytesIO(storage.read_bytes(f"{prepared['store']}/{latest['key']}")), map_location="cpu", weights_only=True
