@@ -96,9 +96,10 @@ def test_ingest_runs_end_to_end(airflow_env, inputs, store_root):
 
 
 def test_demo_chain_runs_every_dag_reports_lineage_and_reruns_idempotently(inputs, store_root, tmp_path, monkeypatch):
-    """`hpd demo`'s chain (`airflow dags test` of ingest, retrain, index, quality report) with tiny models, its
-    OpenLineage events written to a file (the provider's file transport): a model is promoted and indexed, the
-    outputs are where it says, the events link the chain, and a rerun rewrites no manifest."""
+    """`hpd demo`'s chain (`airflow dags test` of ingest, retrain, index, quality report) with tiny models (the
+    teacher a composite of two, as the default teacher is), its OpenLineage events written to a file (the
+    provider's file transport): a model is promoted and indexed, the outputs are where it says, the events link
+    the chain, and a rerun rewrites no manifest."""
     from tasks import demo
     from tasks.stages import build_index
 
@@ -112,7 +113,7 @@ def test_demo_chain_runs_every_dag_reports_lineage_and_reruns_idempotently(input
         day=DAY,
         rows=60,
         k=8,
-        teacher=inputs["teacher"],
+        teacher=f"{inputs['teacher']}+{inputs['student']}",  # a composite teacher, as the default one is
         student=inputs["student"],
         teacher_dtype="fp32",
         amp="off",
