@@ -315,6 +315,12 @@ CASES = [
     ),
     Case("zero-k", ("fit-pca", "--store", "{store}", "--k", "0"), 2, "k: Input should be greater than 0"),
     Case(
+        "composite-teacher-repeated",
+        ("fit-pca", "--store", "{store}", "--teacher", "all-MiniLM-L6-v2+all-MiniLM-L6-v2"),
+        2,
+        "teacher 'all-MiniLM-L6-v2+all-MiniLM-L6-v2': a composite teacher joins distinct",
+    ),
+    Case(
         "back-translation-without-models",
         ("augment", "--store", "{store}", "--methods", "back_translation", *DAY),
         2,

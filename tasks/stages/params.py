@@ -8,10 +8,11 @@ from __future__ import annotations
 from datetime import date
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import AfterValidator, Field, model_validator
 
 from tasks.core import catalog
 from tasks.core.config import StageParams
+from tasks.ml import teachers
 from tasks.ml.choices import Activation, Init, Mode
 from tasks.ml.models import DEFAULT_STUDENT, DEFAULT_TEACHER_SPEC
 
@@ -22,6 +23,15 @@ IndexType = Literal["auto", "flat", "ivf_flat", "hnsw", "ivf_pq"]
 # the catalog's one name rule; AutoRunName also takes "", which means "derive the name".
 RunName = Annotated[str, Field(pattern=catalog.RUN_NAME_PATTERN)]
 AutoRunName = Annotated[str, Field(pattern=catalog.AUTO_RUN_NAME_PATTERN)]
+
+
+def _teacher_spec(spec: str) -> str:
+    teachers.members(spec)  # a composite's members must be distinct and non-empty
+    return spec
+
+
+# A model spec, or several joined by "+" (a composite teacher, tasks.ml.teachers).
+TeacherSpec = Annotated[str, AfterValidator(_teacher_spec)]
 
 
 class StageCorpusParams(StageParams):
@@ -70,7 +80,7 @@ class AugmentParams(StageParams):
 
 class EncodeTeacherParams(StageParams):
     ingest_date: date = Field(description="the sentences partition to encode")
-    teacher: str = Field(
+    teacher: TeacherSpec = Field(
         DEFAULT_TEACHER_SPEC, description="packaged model, local folder or cached hub id; 'a+b' for a composite"
     )
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
@@ -85,7 +95,7 @@ class EncodeTeacherParams(StageParams):
 
 
 class FitPCAParams(StageParams):
-    teacher: str = Field(DEFAULT_TEACHER_SPEC, description="the teacher whose embeddings to fit")
+    teacher: TeacherSpec = Field(DEFAULT_TEACHER_SPEC, description="the teacher whose embeddings to fit")
     partitions: list[date] | None = Field(None, description="ingest dates to fit on (default: all encoded)")
     k: int = Field(128, gt=0, description="output dimension")
     mode: Mode = Field("uncentered", description="uncentered: HPD's projection; centered: classic PCA")
@@ -102,7 +112,7 @@ class FitPCAParams(StageParams):
 
 
 class DistillParams(StageParams):
-    teacher: str = Field(DEFAULT_TEACHER_SPEC, description="teacher whose projected targets to learn")
+    teacher: TeacherSpec = Field(DEFAULT_TEACHER_SPEC, description="teacher whose projected targets to learn")
     pca_name: RunName = Field("k128-uncentered", description="the fit-pca run providing the targets")
     partitions: list[date] | None = Field(None, description="train on these ingest dates (default: all)")
     student: str = Field(DEFAULT_STUDENT, description="packaged model, local folder or cached hub id")
@@ -195,7 +205,7 @@ class BuildIndexParams(StageParams):
 
 class QualityParams(StageParams):
     ingest_date: date = Field(description="the partition to check")
-    teacher: str | None = Field(DEFAULT_TEACHER_SPEC, description="also check this teacher's embeddings")
+    teacher: TeacherSpec | None = Field(DEFAULT_TEACHER_SPEC, description="also check this teacher's embeddings")
     teacher_dim: int | None = Field(None, gt=0, description="expected teacher dimension (default: as recorded)")
     max_chars: int = Field(1000, gt=0)
     min_norm: float = Field(0.5, ge=0, description="embedding L2 norm bounds")
