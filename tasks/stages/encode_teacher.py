@@ -221,6 +221,7 @@ def _run_composite(params: EncodeTeacherParams, force: bool, progress: bool) -> 
 
 
 def _member_output(params: EncodeTeacherParams, member: str, shard: manifest.Output) -> manifest.Output:
+    """The embeddings shard a member's published run wrote for ``shard``."""
     key = catalog.teacher_shard_key(member, params.ingest_date, shard.uri)
     published = manifest.read(params.store, Stage.ENCODE_TEACHER, key)
     if published is None or len(published.outputs) != 1:
@@ -231,7 +232,8 @@ def _member_output(params: EncodeTeacherParams, member: str, shard: manifest.Out
 def _combine_shard(
     params: EncodeTeacherParams, stage_run: manifest.StageRun, shard: manifest.Output, encoded: list[manifest.Output]
 ) -> manifest.StageResult:
-    """The members' rows of one shard, verified and aligned by sentence id, combined and published."""
+    """The members' rows of one shard, verified and checked to hold the same sentence ids row for row, combined
+    and published."""
     with stage_run.phase("read"):
         tables = [storage.read_parquet(o.uri, columns=["sentence_id", "embedding"], sha256=o.sha256) for o in encoded]
     ids = tables[0].column("sentence_id")
