@@ -143,7 +143,7 @@ class DistillParams(StageParams):
     )
     blend_initial: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
         [],
-        description="after training, also score (1-a)*initial + a*best weights for each a (0 < a < 1) and "
+        description="after training, also score (1-a)*initial + a*final weights for each a (0 < a < 1) and "
         "export a blend that beats the best weights by select_on",
     )
     amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="auto: bf16 on CUDA, off on CPU")

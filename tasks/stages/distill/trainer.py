@@ -101,7 +101,7 @@ class Trainer:
             while not self._finished():
                 self._epoch(reporter)
         self.model.eval()
-        self.final_weights = blending.cpu_copy(self._weights()) if self.initial_weights is not None else None
+        self.final_weights = blending.cpu_copy(self.model.state_dict()) if self.initial_weights is not None else None
         if self.best_weights is not None:
             self.model.load_state_dict(self.best_weights)
         self.exported = _exported(self)
@@ -238,17 +238,17 @@ def _exported(trainer: Trainer) -> dict:
     for a in trainer.params.blend_initial:
         trainer.model.load_state_dict(blending.blend(trainer.initial_weights, trainer.final_weights, a))
         blends.append({"step": trainer.state.step, "blend": a, **trainer.validate()})
-        _log_blend(trainer, f"blend {a:g} of the initial weights and those of", blends[-1])
+        _log_scores(trainer, f"blend {a:g} of the initial weights and those of", blends[-1])
     select_on = trainer.params.select_on
     chosen, blends = trainer.dist.gather((blending.choose(best, blends, select_on), blends))[0]
     if chosen is None:
         trainer.model.load_state_dict(trainer.best_weights)
-        _log_blend(trainer, f"no blend beats the best weights by {select_on}; exporting the weights of", best)
+        _log_scores(trainer, f"no blend beats the best weights by {select_on}; exporting the weights of", best)
         return {**best, "blend": None, "blends": blends}
     a = chosen["blend"]
     trainer.model.load_state_dict(blending.blend(trainer.initial_weights, trainer.final_weights, a))
     what = f"blend {a:g} beats the best weights by {select_on}; exporting the initial weights blended {a:g} toward"
-    _log_blend(trainer, f"{what} those of", chosen)
+    _log_scores(trainer, f"{what} those of", chosen)
     return {**chosen, "blends": blends}
 
 
@@ -326,18 +326,7 @@ def _log_epoch(trainer: Trainer, epoch: int, first_step: int) -> None:
 
 
 def _log_scores(trainer: Trainer, what: str, result: dict) -> None:
-    trainer.log.info(
-        "distill %s: %s step %d: val_mse %.6g, val_cosine %.4f",
-        trainer.params.name,
-        what,
-        result["step"],
-        result["val_mse"],
-        result["val_cosine"],
-    )
-
-
-def _log_blend(trainer: Trainer, what: str, result: dict) -> None:
-    """A blend's (or the exported weights') scores, with the STS dev score when selecting on it."""
+    """An evaluation's scores, with the STS dev score when the run selects on it."""
     sts_dev = f", sts_dev {result['sts_dev']:.3f}" if "sts_dev" in result else ""
     trainer.log.info(
         "distill %s: %s step %d: val_mse %.6g, val_cosine %.4f%s",
