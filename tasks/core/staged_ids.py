@@ -16,14 +16,16 @@ run recorded first.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
+import tempfile
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from tasks.core import manifest, storage
 from tasks.core.catalog import Stage
@@ -31,6 +33,7 @@ from tasks.core.catalog import Stage
 FOLDER = "staged_ids"
 VERSION = 1
 SCHEMA = {"sentence_id": pl.String, "partition": pl.String}
+_SEGMENT_SCHEMA = pa.schema([("sentence_id", pa.large_string())])
 _READERS = 4  # segments read (or shards re-read) at a time: reading and verifying release the GIL
 Entry = dict[str, Any]  # digest; and key, sha256, rows once its segment is written
 
@@ -45,11 +48,18 @@ class Index:
     entries: dict[str, Entry]
     etag: str | None
 
-    def held_elsewhere(self, candidates: pl.Series, key: str) -> pl.Series:
-        """Which of ``candidates`` (a mask, in order) a partition other than ``key`` holds."""
-        others = self.ids.filter(pl.col("partition") != key).select("sentence_id")
-        rows = candidates.to_frame("sentence_id").with_row_index().join(others, on="sentence_id", how="semi")
-        return pl.repeat(False, candidates.len(), eager=True).scatter(rows["index"], True)
+    def by_bucket(self, key: str) -> dict[str, pl.Series]:
+        """The ids partitions other than ``key`` hold, by bucket (:func:`bucket_of`)."""
+        others = self.ids.filter(pl.col("partition") != key).select(
+            "sentence_id", bucket=bucket_of(pl.col("sentence_id"))
+        )
+        parts = others.partition_by("bucket", as_dict=True, include_key=False)
+        return {str(bucket): part.to_series() for (bucket,), part in parts.items()}
+
+
+def bucket_of(sentence_id: pl.Expr) -> pl.Expr:
+    """A sentence id's bucket: its first hex digit, so that de-duplication can hold a sixteenth at a time."""
+    return sentence_id.str.head(1)
 
 
 def index_uri(store: str) -> str:
@@ -79,14 +89,14 @@ def load(store: str, exclude_key: str) -> Index:
     return Index(pl.concat([_empty(), *segments, *repaired]), entries, etag)
 
 
-def record(store: str, index: Index, key: str, published: manifest.Manifest, ids: pl.Series) -> None:
+def record(store: str, index: Index, key: str, published: manifest.Manifest, ids: Iterable[pl.Series]) -> None:
     """Record ``ids`` as the partition ``key`` of ``published``: its segment (and those of the partitions the
     load re-read), then ``index.json`` by compare-and-swap against the loaded version."""
     entries = {**index.entries, key: {"digest": outputs_digest(published)}}
     unwritten = [name for name, entry in entries.items() if "key" not in entry]
 
     def write(name: str) -> Entry:
-        rows = ids if name == key else index.ids.filter(pl.col("partition") == name)["sentence_id"]
+        rows = ids if name == key else [index.ids.filter(pl.col("partition") == name)["sentence_id"]]
         return {"digest": entries[name]["digest"], **_write_segment(store, name, rows)}
 
     with ThreadPoolExecutor(_READERS) as pool:
@@ -158,12 +168,18 @@ def _partition_ids(key: str, published: manifest.Manifest) -> pl.DataFrame:
     return pl.DataFrame({"sentence_id": ids, "partition": key}, schema=SCHEMA)
 
 
-def _write_segment(store: str, partition: str, ids: pl.Series) -> Entry:
-    """A partition's ids as a content-addressed Parquet object; its key, sha256 and row count."""
-    buffer = io.BytesIO()
-    pl.DataFrame({"sentence_id": ids}, schema={"sentence_id": pl.String}).write_parquet(buffer, compression="zstd")
-    body = buffer.getbuffer()
-    digest = hashlib.sha256(body).hexdigest()
-    key = f"{FOLDER}/{partition}-{digest[:16]}.parquet"
-    storage.write_bytes(storage.join(store, key), bytes(body))
-    return {"key": key, "sha256": digest, "rows": len(ids)}
+def _write_segment(store: str, partition: str, ids: Iterable[pl.Series]) -> Entry:
+    """A partition's ids (a piece at a time, through a local file) as a content-addressed Parquet object;
+    its key, sha256 and row count."""
+    with tempfile.TemporaryFile() as spooled:
+        rows = 0
+        with pq.ParquetWriter(spooled, _SEGMENT_SCHEMA, compression="zstd") as writer:
+            for piece in ids:
+                writer.write_table(pa.table([piece.to_arrow()], schema=_SEGMENT_SCHEMA))
+                rows += piece.len()
+        spooled.seek(0)
+        digest = hashlib.file_digest(spooled, "sha256").hexdigest()
+        spooled.seek(0)
+        key = f"{FOLDER}/{partition}-{digest[:16]}.parquet"
+        storage.write_bytes(storage.join(store, key), spooled)
+    return {"key": key, "sha256": digest, "rows": rows}

@@ -4,9 +4,9 @@ Reads plain text (one sentence per line), JSONL, CSV, TSV or Parquet, each optio
 stream (:mod:`.readers`), ``batch_rows`` records at a time; normalises each batch with polars (Unicode NFC,
 control characters to spaces, collapsed whitespace; :mod:`.normalise`), drops empty and over-long lines and
 spills the rest to local disk (:mod:`.spill`), so memory follows the batch and the shard size, not the
-input (save the ids of the input's rows, which the de-duplication holds). It then de-duplicates by the
-sentence id (a hash of the normalised text) within the input and against every partition already staged,
-through the staged-id index (:mod:`tasks.core.staged_ids`); writes
+input. It then de-duplicates by the sentence id (a hash of the normalised text) within the input and against
+every partition already staged, through the staged-id index (:mod:`tasks.core.staged_ids`), a sixteenth of
+the ids (a bucket) at a time beside a byte a row of the input; writes
 ``sentences/ingest_date=D/part-NNNNN-<sha8>.parquet`` shards and the partition's manifest, which lists the
 shards and counts the dropped rows by reason; and records the partition's ids in the index by
 compare-and-swap. A run that loses that compare-and-swap to a concurrent staging of another date loads
@@ -20,10 +20,12 @@ import tempfile
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import closing
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 import pyarrow as pa
 
@@ -56,17 +58,15 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
     )
     if skipped := stage_run.skip_result(force):
         return skipped
-    with tempfile.TemporaryDirectory(prefix="hpd-stage-corpus-") as folder:
-        spill = Spill(Path(folder))
+    with tempfile.TemporaryDirectory(prefix="hpd-stage-corpus-") as folder, closing(Spill(Path(folder))) as spill:
         with stage_run.phase("read_normalise"):
             dropped, records_read = _read(params, stage_run.inputs, spill, progress)
         stage_run.inputs = [replace(i, rows=records_read[i.uri]) for i in stage_run.inputs]
         with stage_run.phase("dedup_in_input"):
-            ids = spill.ids()
-            first = ids.is_first_distinct()
-        dropped["duplicate_in_input"] = ids.len() - int(first.sum())
+            first = _first_in_input(spill)
+        dropped["duplicate_in_input"] = spill.rows - int(first.sum())
         stats = {"rows_read": sum(records_read.values()), "dropped": dropped}
-        return _publish(stage_run, params, spill, ids, first, stats)
+        return _publish(stage_run, params, spill, first, stats)
 
 
 def _fingerprint(uri: str, max_bytes: int) -> manifest.Input:
@@ -116,20 +116,32 @@ def _overlapped(
             yield pending[0], pending[1].result()
 
 
+def _first_in_input(spill: Spill) -> np.ndarray:
+    """Which rows hold the first occurrence of their id in the input (a bucket of ids at a time)."""
+    first = np.zeros(spill.rows, dtype=bool)
+    for _, ids in spill.buckets():
+        first[ids.filter(pl.col("sentence_id").is_first_distinct())["position"].to_numpy()] = True
+    return first
+
+
+def _not_held(spill: Spill, first: np.ndarray, index: staged_ids.Index, key: str) -> np.ndarray:
+    """``first`` less the rows whose id a partition other than ``key`` holds (a bucket of ids at a time)."""
+    keep, held = first.copy(), index.by_bucket(key)
+    for bucket, ids in spill.buckets(held.keys()):
+        found = ids.filter(pl.col("sentence_id").is_in(held[bucket].implode()))["position"].to_numpy()
+        keep[found] = False
+    return keep
+
+
 def _publish(
-    stage_run: manifest.StageRun,
-    params: StageCorpusParams,
-    spill: Spill,
-    ids: pl.Series,
-    first: pl.Series,
-    stats: dict[str, Any],
+    stage_run: manifest.StageRun, params: StageCorpusParams, spill: Spill, first: np.ndarray, stats: dict[str, Any]
 ) -> manifest.StageResult:
     """Drop the ids another partition holds, publish the partition, record it in the index; again from the
     index's new version while a concurrent staging records first."""
     for attempt in range(_ATTEMPTS):
         with stage_run.phase("drop_already_staged"):
             index = staged_ids.load(params.store, stage_run.key)
-            keep = first & ~index.held_elsewhere(ids, stage_run.key)
+            keep = _not_held(spill, first, index, stage_run.key)
         dropped = {**stats["dropped"], "already_staged": int(first.sum()) - int(keep.sum())}
         stage_run.stats = {**stats, "rows_written": int(keep.sum()), "dropped": {r: dropped[r] for r in DROP_REASONS}}
         if attempt:
@@ -141,7 +153,7 @@ def _publish(
             return result  # a concurrent run of the same work published first; it records its own ids
         try:
             with stage_run.phase("record_staged_ids"):
-                staged_ids.record(params.store, index, stage_run.key, result.manifest, ids.filter(keep))
+                staged_ids.record(params.store, index, stage_run.key, result.manifest, spill.ids(keep))
             return result
         except storage.PreconditionFailed:
             log.info("%s: another staging recorded its ids first; de-duplicating again", stage_run.key)

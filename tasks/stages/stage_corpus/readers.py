@@ -14,7 +14,6 @@ import gzip
 import io
 import itertools
 import json
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, BinaryIO
@@ -22,6 +21,7 @@ from typing import Any, BinaryIO
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+from isal import igzip, isal_zlib
 
 from tasks.core import manifest, storage
 from tasks.core.sources import CorpusInputError
@@ -72,12 +72,13 @@ def opened(source: manifest.Input, max_bytes: int) -> Iterator[io.BufferedReader
 
 
 class _BoundedGunzip(io.RawIOBase):
-    """The decompressed bytes of a gzip stream (every member), refused as soon as they exceed ``max_bytes``."""
+    """The decompressed bytes of a gzip stream (every member, inflated by ISA-L), refused as soon as they exceed
+    ``max_bytes``."""
 
     def __init__(self, uri: str, compressed: BinaryIO, max_bytes: int) -> None:
         super().__init__()
         self._uri, self._max_bytes, self._count = uri, max_bytes, 0
-        self._inflated = gzip.GzipFile(fileobj=compressed, mode="rb")
+        self._inflated = igzip.GzipFile(fileobj=compressed, mode="rb")
 
     def readable(self) -> bool:
         return True
@@ -87,7 +88,7 @@ class _BoundedGunzip(io.RawIOBase):
             count = self._inflated.readinto(buffer)
         except EOFError:
             raise CorpusInputError(f"{self._uri}: corrupt gzip data (truncated)") from None
-        except (gzip.BadGzipFile, zlib.error) as exc:
+        except (gzip.BadGzipFile, isal_zlib.error) as exc:
             raise CorpusInputError(f"{self._uri}: corrupt gzip data ({exc})") from None
         self._count += count
         if self._count > self._max_bytes:

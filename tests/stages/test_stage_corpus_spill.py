@@ -1,0 +1,72 @@
+"""The staging spill: rows back in input order, ids by bucket with their input positions."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from tasks.core import sentences
+from tasks.stages.stage_corpus.normalise import SCHEMA
+from tasks.stages.stage_corpus.spill import Spill
+
+
+def _rows(texts: list[str], first_line: int) -> pl.DataFrame:
+    return pl.DataFrame(
+        {
+            "sentence_id": [sentences.sentence_id(t) for t in texts],
+            "text": texts,
+            "source": "file:///corpus.txt",
+            "line": range(first_line, first_line + len(texts)),
+        },
+        schema=SCHEMA,
+    )
+
+
+def _spill(tmp_path: Path, batches: list[list[str]]) -> Spill:
+    spill, line = Spill(tmp_path), 1
+    for texts in batches:
+        spill.add(_rows(texts, line))
+        line += len(texts)
+    return spill
+
+
+TEXTS = [f"sentence number {i}" for i in range(200)]
+
+
+def test_buckets_hold_every_id_once_by_first_hex_digit_with_its_input_position(tmp_path: Path) -> None:
+    spill = _spill(tmp_path, [TEXTS[:120], [], TEXTS[120:]])
+    found = {bucket: ids for bucket, ids in spill.buckets()}
+    assert spill.rows == 200
+    assert len(found) > 1
+    for bucket, ids in found.items():
+        assert ids["sentence_id"].str.starts_with(bucket).all()
+        assert ids["position"].is_sorted()
+    every = pl.concat(found.values()).sort("position")
+    assert every["position"].to_list() == list(range(200))
+    assert every["sentence_id"].to_list() == [sentences.sentence_id(t) for t in TEXTS]
+
+
+def test_buckets_among_reads_only_the_buckets_asked_for(tmp_path: Path) -> None:
+    spill = _spill(tmp_path, [TEXTS])
+    names = [bucket for bucket, _ in spill.buckets()]
+    assert [bucket for bucket, _ in spill.buckets(names[:2] + ["not-a-bucket"])] == names[:2]
+
+
+def test_shards_and_ids_follow_the_mask_in_input_order(tmp_path: Path) -> None:
+    spill = _spill(tmp_path, [TEXTS[:70], TEXTS[70:150], TEXTS[150:]])
+    keep = np.arange(200) % 3 != 0
+    shards = list(spill.shards(keep, shard_rows=50))
+    assert [s.height for s in shards] == [50, 50, 33]
+    kept = [t for t, k in zip(TEXTS, keep, strict=True) if k]
+    assert pl.concat(shards)["text"].to_list() == kept
+    assert pl.concat(shards)["line"].to_list() == [i + 1 for i in range(200) if keep[i]]
+    assert sorted(pl.concat(list(spill.ids(keep))).to_list()) == sorted(sentences.sentence_id(t) for t in kept)
+
+
+def test_an_empty_spill_has_no_buckets_and_no_shards(tmp_path: Path) -> None:
+    spill = _spill(tmp_path, [[]])
+    assert spill.rows == 0
+    assert list(spill.buckets()) == []
+    assert list(spill.shards(np.zeros(0, dtype=bool), shard_rows=10)) == []
