@@ -8,11 +8,13 @@ Unicode database does not assign is normalised by the Python function instead.
 
 from __future__ import annotations
 
+import re
 import sys
 import unicodedata
 from collections import Counter
 from functools import cache
 
+import numpy as np
 import polars as pl
 
 from tasks.core import sentences
@@ -20,15 +22,10 @@ from tasks.core import sentences
 SCHEMA = {"sentence_id": pl.String, "text": pl.String, "source": pl.String, "line": pl.Int64}
 
 
-def _char_class(codes: list[int]) -> str:
-    """A regex character class of ``codes`` (sorted), as ranges."""
-    ranges: list[list[int]] = []
-    for code in codes:
-        if ranges and ranges[-1][1] == code - 1:
-            ranges[-1][1] = code
-        else:
-            ranges.append([code, code])
-    return "[" + "".join(f"\\x{{{a:x}}}-\\x{{{b:x}}}" if a != b else f"\\x{{{a:x}}}" for a, b in ranges) + "]"
+def _char_class(chosen: np.ndarray) -> str:
+    """A regex character class of the code points ``chosen`` (a mask over every one) marks, as ranges."""
+    edges = np.flatnonzero(np.diff(chosen.astype(np.int8), prepend=0, append=0)).reshape(-1, 2)
+    return "[" + "".join(f"\\x{{{a:x}}}-\\x{{{b - 1:x}}}" if b - a > 1 else f"\\x{{{a:x}}}" for a, b in edges) + "]"
 
 
 def _runs(spaces: str, others: str) -> str:
@@ -41,10 +38,14 @@ def _runs(spaces: str, others: str) -> str:
 def _patterns() -> tuple[str, str]:
     """Runs of whitespace or control characters to collapse; a character Python's Unicode database leaves
     unassigned."""
-    every = range(sys.maxunicode + 1)
-    others = [c for c in every if c != 0x20 and (chr(c).isspace() or c < 0x20 or 0x7F <= c < 0xA0)]
-    unassigned = [c for c in every if unicodedata.category(chr(c)) == "Cn"]
-    return _runs(_char_class(sorted([*others, 0x20])), _char_class(others)), _char_class(unassigned)
+    codes = np.arange(sys.maxunicode + 1, dtype="<u4")
+    every = codes.tobytes().decode("utf-32-le", "surrogatepass")  # every code point, in order, in one string
+    others = np.zeros(len(every), dtype=bool)
+    others[[m.start() for m in re.finditer(r"\s", every)]] = True  # re's \s on str is str.isspace
+    others[(codes < 0x20) | ((codes >= 0x7F) & (codes < 0xA0))] = True
+    spaces, others[0x20] = others.copy(), False
+    unassigned = np.fromiter(map("Cn".__eq__, map(unicodedata.category, every)), dtype=bool, count=len(every))
+    return _runs(_char_class(spaces), _char_class(others)), _char_class(unassigned)
 
 
 def _ascii(raw: pl.Expr) -> pl.Expr:
