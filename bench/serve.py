@@ -2,11 +2,13 @@
 
 Model: the packaged student as ``make demo`` distils it (run ``demo-student``: all-MiniLM-L6-v2 +
 Dense(128, tanh), the real model that encodes each query); run ``make demo`` first: this benchmark copies
-its store (``var/store``) to a scratch folder and never changes the original. Index: synthetic, seeded random
-unit vectors of the student's dimension in the index build-index's ``auto`` choice makes for that size (exact
-flat at 100k, HNSW32 at 1M), so the latency is that of the serving path (HTTP, query encoding, search), not a
-measure of retrieval quality. Per size, the index is published twice (the same vectors under two names); the
-service starts on the first.
+its store (``var/store``) to a scratch folder and never changes the original. Each size is served twice, by
+one service per query encoder (``hpd serve --query-encoder``): the student's ONNX graph (``auto``; the demo's
+distillation exports an int8 one) and the same student in PyTorch fp32 (``torch``), same index, same queries.
+Index: synthetic, seeded random unit vectors of the student's dimension in the index build-index's ``auto``
+choice makes for that size (exact flat at 100k, HNSW32 at 1M), so the latency is that of the serving path
+(HTTP, query encoding, search), not a measure of retrieval quality. Per size, the index is published twice
+(the same vectors under two names); each service starts on the first.
 
 The service runs as ``hpd serve`` in its own process on 127.0.0.1. Per size, after a warm-up: one client
 sends SINGLE_REQUESTS GET /search (k=10, one corpus sentence) one after another (the warm latency of one
@@ -29,6 +31,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pyarrow as pa
 
@@ -44,6 +47,7 @@ CONCURRENCY = 4
 DURATION_S = 20.0
 POLL_S = 1.0
 K = 10
+QUERY_ENCODERS = ("auto", "torch")  # hpd serve --query-encoder: the student's ONNX graph, then PyTorch
 
 
 def _queries(count: int = 500) -> list[str]:
@@ -87,11 +91,10 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _start(store: str, port: int) -> subprocess.Popen:
+def _start(store: str, port: int, query_encoder: str) -> subprocess.Popen:
     command = [sys.executable, "-m", "tasks.cli", "serve", "--store", store, "--port", str(port)]
-    server = subprocess.Popen([*command, "--poll-s", str(POLL_S)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    import httpx
-
+    options = ["--poll-s", str(POLL_S), "--query-encoder", query_encoder]
+    server = subprocess.Popen([*command, *options], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
@@ -104,8 +107,6 @@ def _start(store: str, port: int) -> subprocess.Popen:
 
 
 def _client(url: str, queries: list[str], until: float, log: list, seed: int) -> None:
-    import httpx
-
     rng = np.random.default_rng(seed)
     with httpx.Client(base_url=url, timeout=30) as client:
         while time.monotonic() < until:
@@ -121,8 +122,6 @@ def _client(url: str, queries: list[str], until: float, log: list, seed: int) ->
 
 def _single(url: str, queries: list[str]) -> dict[str, float]:
     """Warm latency of one query at a time: p50/p99 over SINGLE_REQUESTS sequential requests (after 20 unmeasured)."""
-    import httpx
-
     took = []
     with httpx.Client(base_url=url, timeout=30) as client:
         for n, query in enumerate((queries * 2)[: SINGLE_REQUESTS + 20]):
@@ -179,20 +178,24 @@ def _baseline(store: str, queries: list[str], runs: int = 3) -> float:
 
 
 def _serve_size(store: str, dim: int, model_run: str, vectors: int, queries: list[str]) -> dict:
-    """Single-query latency, then the concurrent load with a promotion, over the ``auto`` index of ``vectors``."""
+    """Per query encoder: single-query latency, then the concurrent load with a promotion, over the ``auto``
+    index of ``vectors``."""
     first, second = _publish_pair(store, dim, model_run, vectors)
-    catalog.move_pointer(store, first, catalog.read_pointer(store, Pointer.INDEX)[1])
-    port = _free_port()
-    server = _start(store, port)
-    try:
-        single = _single(f"http://127.0.0.1:{port}", queries)
-        log, promoted_at = _load(f"http://127.0.0.1:{port}", store, second, queries)
-    finally:
-        server.terminate()
-        server.wait(30)
     keys = [catalog.store_key(store, p.index) for p in (first, second)]
-    kind = build_index.choose_type("auto", vectors)
-    return {"vectors": vectors, "index": kind, "single_client_ms": single, **_summary(log, promoted_at, *keys)}
+    found: dict = {"vectors": vectors, "index": build_index.choose_type("auto", vectors)}
+    for encoder in QUERY_ENCODERS:
+        catalog.move_pointer(store, first, catalog.read_pointer(store, Pointer.INDEX)[1])
+        port = _free_port()
+        server = _start(store, port, encoder)
+        try:
+            served = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["query_encoder"]
+            single = _single(f"http://127.0.0.1:{port}", queries)
+            log, promoted_at = _load(f"http://127.0.0.1:{port}", store, second, queries)
+        finally:
+            server.terminate()
+            server.wait(30)
+        found[served] = {"single_client_ms": single, **_summary(log, promoted_at, *keys)}
+    return found
 
 
 def main() -> dict:
@@ -211,10 +214,14 @@ def main() -> dict:
 
 def _write(sizes: list[dict], baseline_ms: float, model_run: str, dim: int) -> dict:
     largest = sizes[-1]
+    graph = next((name for name in largest if name.startswith("onnx-")), None)
+    if graph is None:
+        raise SystemExit(f"{model_run} exported no ONNX graph: rerun `make demo` (hpd_retrain exports one)")
+    p50 = {name: largest[name]["single_client_ms"]["p50"] for name in (graph, "torch")}
     return results.write(
         "serve",
         unit="ms per query",
-        ours=largest["single_client_ms"]["p50"],
+        ours=p50[graph],
         baseline=round(baseline_ms, 1),
         baseline_name=(
             f"one search without a service (load + answer); ours: warm p50 of one query; both at {largest['vectors']:,}"
@@ -222,7 +229,12 @@ def _write(sizes: list[dict], baseline_ms: float, model_run: str, dim: int) -> d
         ),
         higher_is_better=False,
         details={
-            "model": f"{model_run} (make demo's student: all-MiniLM-L6-v2 + Dense({dim}, tanh)), fp32 on CPU",
+            "model": f"{model_run} (make demo's student: all-MiniLM-L6-v2 + Dense({dim}, tanh)) on CPU",
+            "query_encoders": {
+                graph: "the student's ONNX graph (distill onnx=int8, hpd_retrain's default), ONNX Runtime",
+                "torch": "the same student in PyTorch, fp32 (hpd serve --query-encoder torch)",
+            },
+            "single_query_p50_torch_over_onnx": round(p50["torch"] / p50[graph], 2),
             "index": f"synthetic seeded random unit vectors, dim {dim}, build-index's auto choice per size",
             "endpoint": f"GET /search, k={K}, one corpus sentence per request",
             "single_requests": SINGLE_REQUESTS,
@@ -230,7 +242,8 @@ def _write(sizes: list[dict], baseline_ms: float, model_run: str, dim: int) -> d
             "duration_s": DURATION_S,
             "poll_s": POLL_S,
             "promotion": "indexes/current.json moved to the second copy of the index at half time",
-            "server": "hpd serve (uvicorn, one process) on 127.0.0.1; clients in another process, same cores",
+            "server": "hpd serve (uvicorn, one process) on 127.0.0.1, one per query encoder; clients in another "
+            "process, same cores",
             "load_average_at_end": list(os.getloadavg()),
             "sizes": sizes,
         },

@@ -61,6 +61,7 @@ from tasks.stages.params import DistillParams, FitPCAParams
         "batch_size": stage_param(DistillParams, "batch_size"),
         "lr": stage_param(DistillParams, "lr"),
         "amp": stage_param(DistillParams, "amp"),
+        "onnx": stage_param(DistillParams, "onnx", "int8", "the service encodes queries with the ONNX graph"),
         "min_stsb": gate_param("min_stsb"),
         "min_sickr": gate_param("min_sickr"),
         "max_regression": gate_param("max_regression"),

@@ -156,6 +156,13 @@ def _add_serve_parser(sub: Any) -> None:
     serve.add_argument(
         "--poll-s", type=_positive_seconds, default=5.0, help="seconds between pointer checks (default: 5)"
     )
+    serve.add_argument(
+        "--query-encoder",
+        choices=["auto", "torch"],
+        default="auto",
+        help="what encodes queries: auto, the student's ONNX graph where distill exported one (onnx), else "
+        "PyTorch; torch, always PyTorch (default: auto)",
+    )
 
 
 def _positive_seconds(text: str) -> float:
@@ -306,7 +313,9 @@ def _search(args: dict) -> int:
 def _serve(args: dict) -> int:
     from tasks.serve import app
 
-    app.serve(_store(args), host=args["host"], port=args["port"], poll_s=args["poll_s"])
+    app.serve(
+        _store(args), host=args["host"], port=args["port"], poll_s=args["poll_s"], query_encoder=args["query_encoder"]
+    )
     return 0
 
 

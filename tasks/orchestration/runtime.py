@@ -165,7 +165,18 @@ def distill(context: dict, pca_name: str) -> str:
     """The distill stage on the targets of ``pca_name`` with the run's params; the model run's name (the run's
     ``name``, else one derived from the Airflow run id)."""
     params = run_params(context)
-    settings = ("teacher", "partitions", "student", "student_layers", "epochs", "max_steps", "batch_size", "lr", "amp")
+    settings = (
+        "teacher",
+        "partitions",
+        "student",
+        "student_layers",
+        "epochs",
+        "max_steps",
+        "batch_size",
+        "lr",
+        "amp",
+        "onnx",
+    )
     values = {**pick(params, *settings), "pca_name": pca_name, "name": params["name"] or run_name(context)}
     parsed = stage_params(Stage.DISTILL, values, params)
     run_stage(Stage.DISTILL, parsed)

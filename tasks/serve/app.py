@@ -73,8 +73,11 @@ def create_app(holder: IndexHolder, poll: bool = True) -> FastAPI:
     return app
 
 
-def serve(store: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, poll_s: float = 5.0) -> None:
+def serve(
+    store: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, poll_s: float = 5.0, query_encoder: str = "auto"
+) -> None:
     """Run the service until interrupted (uvicorn, one process)."""
     import uvicorn
 
-    uvicorn.run(create_app(IndexHolder(store, poll_s)), host=host, port=port, log_level="info")
+    holder = IndexHolder(store, poll_s, query_encoder)
+    uvicorn.run(create_app(holder), host=host, port=port, log_level="info")

@@ -23,10 +23,11 @@ log = logging.getLogger(__name__)
 
 
 class IndexHolder:
-    """The served index (or None before one is promoted), the pointer etag last tried, and the poller."""
+    """The served index (or None before one is promoted), the pointer etag last tried, and the poller;
+    ``query_encoder`` as :func:`build_index.load_current` takes it."""
 
-    def __init__(self, store: str, poll_s: float) -> None:
-        self.store, self.poll_s = store, poll_s
+    def __init__(self, store: str, poll_s: float, query_encoder: str = "auto") -> None:
+        self.store, self.poll_s, self.query_encoder = store, poll_s, query_encoder
         self.current: LoadedIndex | None = None
         self.tried_etag: str | None = None
         self.last_error: str | None = None
@@ -50,7 +51,7 @@ class IndexHolder:
             return False
         self.tried_etag = etag
         try:
-            loaded = build_index.load_current(self.store)
+            loaded = build_index.load_current(self.store, self.query_encoder)
         except (ValueError, uris.StorageError) as exc:
             self.last_error = str(exc)
             log.error("serve: %s; still serving %s", exc, self.current.index_key if self.current else "nothing")
@@ -58,7 +59,12 @@ class IndexHolder:
         self.tried_etag = loaded.etag  # the version actually read (the pointer may have moved again since)
         self.current, self.last_error = loaded, None
         self.swaps += 1
-        log.info("serve: now serving %s (model run %s)", loaded.index_key, loaded.pointer.model_run)
+        log.info(
+            "serve: now serving %s (model run %s, queries encoded by %s)",
+            loaded.index_key,
+            loaded.pointer.model_run,
+            loaded.query_encoder,
+        )
         return True
 
     def _poll(self) -> None:
@@ -94,9 +100,11 @@ class IndexHolder:
 
 
 def describe(served: LoadedIndex) -> dict[str, Any]:
-    """What identifies the index that answered: model run, index key, its build run, pointer etag, load time."""
+    """What identifies the index that answered: model run, index key, its build run, pointer etag, load time,
+    and what encodes the queries."""
     return {
         "model_run": served.pointer.model_run,
+        "query_encoder": served.query_encoder,
         "index": served.index_key,
         "index_run_id": served.pointer.run_id,
         "etag": served.etag,

@@ -319,6 +319,13 @@ class LoadedIndex:
     def index_key(self) -> str:
         return catalog.store_key(self.store, self.pointer.index) or self.pointer.index
 
+    @property
+    def query_encoder(self) -> str:
+        """``onnx-int8`` or ``onnx-fp32`` (ONNX Runtime), or ``torch`` (:func:`query_encoder`)."""
+        from tasks.ml.onnx_encoder import OnnxEncoder
+
+        return f"onnx-{self.encoder.variant}" if isinstance(self.encoder, OnnxEncoder) else "torch"
+
     def search(self, queries: list[str], k: int) -> list[list[dict]]:
         """The ``k`` nearest corpus sentences to each query. Encoding holds a lock: a fast tokenizer is
         not safe to call from two threads at once; FAISS searches concurrently."""
@@ -369,11 +376,21 @@ def _recorded_checksums(store: str, pointer: catalog.IndexPointer) -> dict[str, 
     return recorded
 
 
-def load_current(store: str) -> LoadedIndex:
-    """Load the promoted index, its id map and the student that built it, checked against each other."""
-    import faiss
-
+def query_encoder(folder: Path, choice: str = "auto") -> Any:
+    """What encodes queries: with ``auto``, the student's ONNX graph run by ONNX Runtime where distill
+    exported one (its ``onnx``), else (and with ``torch``) the PyTorch student."""
+    from tasks.ml import onnx_encoder
     from tasks.ml.encoder import SentenceEncoder
+
+    if choice == "torch" or onnx_encoder.exported_graph(folder) is None:
+        return SentenceEncoder.load(str(folder))
+    return onnx_encoder.OnnxEncoder.load(folder)
+
+
+def load_current(store: str, query_encoder_choice: str = "auto") -> LoadedIndex:
+    """Load the promoted index, its id map and the student that built it, checked against each other; queries
+    are encoded as :func:`query_encoder` chooses."""
+    import faiss
 
     pointer, etag = current_pointer(store)
     recorded = _recorded_checksums(store, pointer)
@@ -384,7 +401,7 @@ def load_current(store: str) -> LoadedIndex:
         raise IndexBuildError(f"{pointer.index}: not a FAISS index ({str(exc).strip()[-200:]})") from None
     ids = storage.read_parquet(pointer.ids, columns=["sentence_id", "text"], sha256=recorded[pointer.ids])
     with tempfile.TemporaryDirectory() as scratch:
-        encoder = SentenceEncoder.load(str(student.fetch_exported(store, pointer.model_run, Path(scratch))))
+        encoder = query_encoder(student.fetch_exported(store, pointer.model_run, Path(scratch)), query_encoder_choice)
     if encoder.dim != index.d:
         raise IndexBuildError(f"{pointer.index}: index dimension {index.d} differs from the model's {encoder.dim}")
     if ids.num_rows != index.ntotal:

@@ -146,6 +146,11 @@ class DistillParams(StageParams):
         description="after training, also score (1-a)*initial + a*final weights for each a (0 < a < 1) and "
         "export a blend that beats the best weights by select_on",
     )
+    onnx: Literal["none", "fp32", "int8"] = Field(
+        "none",
+        description="also export the student as one ONNX graph for serving (onnx/ in the model folder); int8 "
+        "quantises its weights and falls back to fp32 when it loses more than 0.3 STS dev points",
+    )
     amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="auto: bf16 on CUDA, off on CPU")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     threads: int | None = Field(None, gt=0)

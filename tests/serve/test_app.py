@@ -40,9 +40,10 @@ def _build(store: str, name: str, promote: bool = True):
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> str:
-    """A store with 300 staged sentences, a tiny student (run 'tiny') and a promoted flat index 'a'."""
+    """A store with 300 staged sentences, a tiny student (run 'tiny', with its fp32 ONNX graph) and a promoted
+    flat index 'a'."""
     prepared = projected_store(tmp_path_factory.mktemp("serve"), TEXTS, DAY, shard_rows=120)
-    distill_tiny(prepared, "tiny", max_steps=2)
+    distill_tiny(prepared, "tiny", max_steps=2, onnx="fp32")
     _build(prepared["store"], "a")
     return prepared["store"]
 
@@ -73,6 +74,14 @@ def test_health_names_the_served_index(service, store):
     assert health["index"] == catalog.store_key(store, pointer.index) and health["index"].startswith("indexes/a/")
     assert health["vectors"] == 300 and health["dim"] == 8 and health["last_error"] is None
     assert health["store"] == store and health["loaded_at"] <= time.time()
+    assert health["query_encoder"] == "onnx-fp32"
+
+
+def test_query_encoder_torch_serves_the_pytorch_student(store):
+    holder = IndexHolder(store, POLL_S, query_encoder="torch")
+    assert holder.refresh() and holder.health()["query_encoder"] == "torch"
+    hits = holder.current.search([TEXTS[7]], 1)[0]
+    assert hits[0]["text"] == TEXTS[7]
 
 
 def test_single_and_batched_queries(service):

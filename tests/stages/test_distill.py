@@ -19,6 +19,7 @@ from safetensors.numpy import load
 from tasks.core import config, progress, storage
 from tasks.ml import student
 from tasks.ml.encoder import SentenceEncoder
+from tasks.ml.onnx_encoder import OnnxEncoder
 from tasks.stages import distill
 from tasks.stages.distill.data import DistillDataError, ShardPair, read_pair, shard_pairs
 from tests.support.paths import REPO, SUPPORT
@@ -97,6 +98,19 @@ def test_training_lowers_validation_mse_and_exports(prepared):
     losses = storage.read_bytes(_run_file(prepared["store"], "lowers", "losses.jsonl")).decode().splitlines()
     assert len(losses) == stats["steps"]
     assert distill.run(_params(prepared, init="random", epochs=3, name="lowers")).skipped
+
+
+def test_an_onnx_export_joins_the_model_folder_with_its_sts_record(prepared, tmp_path):
+    result = distill.run(_params(prepared, max_steps=2, name="onnx", onnx="fp32"))
+    record = result.stats["onnx"]
+    assert record["file"] == "onnx/encoder.onnx" and record["variant"] == "fp32"
+    assert record["sts_dev"]["fp32"] == pytest.approx(record["sts_dev"]["torch"], abs=0.01)
+    folder = student.fetch_exported(prepared["store"], "onnx", tmp_path)
+    texts = ["A man is playing a guitar.", "short"]
+    np.testing.assert_allclose(
+        OnnxEncoder.load(folder).encode(texts), SentenceEncoder.load(str(folder)).encode(texts), atol=1e-5
+    )
+    assert "`onnx/encoder.onnx`" in (folder / "README.md").read_text()
 
 
 @pytest.mark.parametrize("init", ["ridge", "pca"])

@@ -11,6 +11,7 @@ from string import Template
 from typing import Any
 
 from tasks.core import catalog, manifest, storage
+from tasks.ml import onnx_encoder
 from tasks.ml.student import MODEL_FOLDER
 from tasks.stages.distill.trainer import Trainer
 from tasks.stages.params import DistillParams
@@ -38,13 +39,16 @@ def run_summary(trainer: Trainer, init_record: dict[str, Any]) -> dict[str, Any]
 
 
 def files(trainer: Trainer, stage_run: manifest.StageRun, summary: dict[str, Any]) -> dict[str, bytes]:
-    """The exported model folder (with model card), loss history and metrics, as URI -> bytes."""
+    """The exported model folder (with model card, and the ONNX graph ``params.onnx`` asks for, whose record
+    joins ``summary``), loss history and metrics, as URI -> bytes."""
     # A folder per fingerprint: a rerun never overwrites what the published manifest lists.
     prefix = catalog.student_prefix(stage_run.store, trainer.params.name, stage_run.fingerprint)
     exported: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / MODEL_FOLDER
         trainer.model.save(folder)
+        if trainer.params.onnx != "none":
+            summary["onnx"] = onnx_encoder.export(trainer.model, folder, trainer.params.onnx)
         (folder / "README.md").write_text(model_card(trainer.params, stage_run, summary))
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             exported[storage.join(prefix, MODEL_FOLDER, *path.relative_to(folder).parts)] = path.read_bytes()
@@ -84,7 +88,17 @@ def model_card(params: DistillParams, stage_run: manifest.StageRun, summary: dic
         activation=params.activation,
         best_val_mse=f"{summary['best_val_mse']:.6g}",
         config=json.dumps(params.model_dump(mode="json"), indent=2),
+        onnx=_onnx_note(summary.get("onnx")),
         run_id=stage_run.run_id,
         code_version=manifest.code_version(),
         inputs=inputs,
+    )
+
+
+def _onnx_note(record: dict[str, Any] | None) -> str:
+    if record is None:
+        return "None exported (`onnx: none`)."
+    return (
+        f"`{record['file']}`: the whole encoder as one ONNX graph ({record['variant']}; {record['asked']} asked),"
+        f" inputs `input_ids` and `attention_mask`, output `sentence_embedding`. STS dev: {record['sts_dev']}."
     )

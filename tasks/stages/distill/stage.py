@@ -60,10 +60,11 @@ def run(params: DistillParams, force: bool = False, progress: bool = False) -> m
         init_record = trainer.restore_or_initialise(force)
         trainer.train(progress)
     summary = export.run_summary(trainer, init_record)
-    stage_run.stats = {**summary, "runtime": params.model_dump(mode="json", include=RUNTIME)}
+    runtime = {"runtime": params.model_dump(mode="json", include=RUNTIME)}
     if not dist.leader:
-        return manifest.StageResult(stage_run.uri, skipped=False, stats=stage_run.stats, outputs=())
+        return manifest.StageResult(stage_run.uri, skipped=False, stats={**summary, **runtime}, outputs=())
     with stage_run.phase("export"):
         for uri, body in export.files(trainer, stage_run, summary).items():
             stage_run.write_output(uri, body)
+    stage_run.stats = {**summary, **runtime}  # with the ONNX export's record, when one was asked for
     return stage_run.publish()
