@@ -13,7 +13,8 @@ choice makes for that size (exact flat at 100k, HNSW32 at 1M), so the latency is
 The service runs as ``hpd serve`` in its own process on 127.0.0.1. Per size, after a warm-up: one client
 sends SINGLE_REQUESTS GET /search (k=10, one corpus sentence) one after another (the warm latency of one
 query); then CONCURRENCY client threads send requests back to back for DURATION_S seconds while, half-way,
-``indexes/current.json`` moves to the second index. Clients and service share the machine's cores.
+``indexes/current.json`` moves to the second index (and on, up to SWAP_WAIT_S more, until it answers).
+Clients and service share the machine's cores; the service searches with one FAISS thread (its default).
 Baseline: one search without a service (:func:`build_index.search`: load the student and the largest index,
 then answer), which is what each ``hpd search`` did before, interpreter start not counted.
 """
@@ -45,6 +46,7 @@ SIZES = (100_000, 1_000_000)
 SINGLE_REQUESTS = 300
 CONCURRENCY = 4
 DURATION_S = 20.0
+SWAP_WAIT_S = 60.0  # how much longer the clients run, at most, for the new index to answer
 POLL_S = 1.0
 K = 10
 QUERY_ENCODERS = ("auto", "torch")  # hpd serve --query-encoder: the student's ONNX graph, then PyTorch
@@ -106,10 +108,10 @@ def _start(store: str, port: int, query_encoder: str) -> subprocess.Popen:
     raise SystemExit("hpd serve did not become healthy within 120 s")
 
 
-def _client(url: str, queries: list[str], until: float, log: list, seed: int) -> None:
+def _client(url: str, queries: list[str], stop: threading.Event, log: list, seed: int) -> None:
     rng = np.random.default_rng(seed)
     with httpx.Client(base_url=url, timeout=30) as client:
-        while time.monotonic() < until:
+        while not stop.is_set():
             query = queries[int(rng.integers(len(queries)))]
             start = time.monotonic()
             try:
@@ -132,23 +134,33 @@ def _single(url: str, queries: list[str]) -> dict[str, float]:
     return {q: round(float(np.percentile(took, p)), 2) for q, p in (("p50", 50), ("p99", 99))}
 
 
-def _load(url: str, store: str, second: IndexPointer, queries: list[str]) -> tuple[list, float]:
-    """Run the clients; move the pointer to ``second`` half-way. Every request's (start, seconds, index)."""
+def _load(url: str, store: str, second: IndexPointer, queries: list[str]) -> tuple[list, float, float]:
+    """Run the clients; move the pointer to ``second`` half-way through DURATION_S, and keep them running
+    past it until the new index has answered (at most SWAP_WAIT_S more). Every request's (start, seconds,
+    index served), the promotion's time and the seconds the clients ran."""
     log: list = []
-    until = time.monotonic() + DURATION_S
-    threads = [threading.Thread(target=_client, args=(url, queries, until, log, i)) for i in range(CONCURRENCY)]
+    stop = threading.Event()
+    threads = [threading.Thread(target=_client, args=(url, queries, stop, log, i)) for i in range(CONCURRENCY)]
+    started = time.monotonic()
     for thread in threads:
         thread.start()
     time.sleep(DURATION_S / 2)
     _, etag = catalog.read_pointer(store, Pointer.INDEX)
     promoted_at = time.monotonic()
     catalog.move_pointer(store, second, etag)
+    key = catalog.store_key(store, second.index)
+    deadline = started + DURATION_S + SWAP_WAIT_S
+    while time.monotonic() < started + DURATION_S or (
+        time.monotonic() < deadline and not any(served == key for _, _, served in log[-CONCURRENCY * 4 :])
+    ):
+        time.sleep(0.1)
+    stop.set()
     for thread in threads:
         thread.join()
-    return log, promoted_at
+    return log, promoted_at, time.monotonic() - started
 
 
-def _summary(log: list, promoted_at: float, first: str, second: str) -> dict:
+def _summary(log: list, promoted_at: float, ran_s: float, first: str, second: str) -> dict:
     ok = np.array([seconds for _, seconds, served in log if served in (first, second)]) * 1000
     errors = [served for _, _, served in log if served not in (first, second)]
     swapped = [start for start, _, served in log if served == second]
@@ -156,7 +168,8 @@ def _summary(log: list, promoted_at: float, first: str, second: str) -> dict:
         "requests": len(log),
         "errors": len(errors),
         "error_samples": sorted(set(errors))[:5],
-        "requests_per_s": round(len(log) / DURATION_S, 1),
+        "seconds": round(ran_s, 1),
+        "requests_per_s": round(len(log) / ran_s, 1),
         "latency_ms": {q: round(float(np.percentile(ok, p)), 2) for q, p in (("p50", 50), ("p95", 95), ("p99", 99))}
         | {"max": round(float(ok.max()), 2)},
         "answered_by_first_index": sum(served == first for _, _, served in log),
@@ -190,11 +203,11 @@ def _serve_size(store: str, dim: int, model_run: str, vectors: int, queries: lis
         try:
             served = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["query_encoder"]
             single = _single(f"http://127.0.0.1:{port}", queries)
-            log, promoted_at = _load(f"http://127.0.0.1:{port}", store, second, queries)
+            log, promoted_at, ran_s = _load(f"http://127.0.0.1:{port}", store, second, queries)
         finally:
             server.terminate()
             server.wait(30)
-        found[served] = {"single_client_ms": single, **_summary(log, promoted_at, *keys)}
+        found[served] = {"single_client_ms": single, **_summary(log, promoted_at, ran_s, *keys)}
     return found
 
 
@@ -240,6 +253,7 @@ def _write(sizes: list[dict], baseline_ms: float, model_run: str, dim: int) -> d
             "single_requests": SINGLE_REQUESTS,
             "concurrency": CONCURRENCY,
             "duration_s": DURATION_S,
+            "swap_wait_s": SWAP_WAIT_S,
             "poll_s": POLL_S,
             "promotion": "indexes/current.json moved to the second copy of the index at half time",
             "server": "hpd serve (uvicorn, one process) on 127.0.0.1, one per query encoder; clients in another "

@@ -163,6 +163,12 @@ def _add_serve_parser(sub: Any) -> None:
         help="what encodes queries: auto, the student's ONNX graph where distill exported one (onnx), else "
         "PyTorch; torch, always PyTorch (default: auto)",
     )
+    serve.add_argument(
+        "--search-threads",
+        type=_bounded(1, 256),
+        default=1,
+        help="OpenMP threads a FAISS search may use (default: 1: requests already run side by side)",
+    )
 
 
 def _positive_seconds(text: str) -> float:
@@ -314,7 +320,12 @@ def _serve(args: dict) -> int:
     from tasks.serve import app
 
     app.serve(
-        _store(args), host=args["host"], port=args["port"], poll_s=args["poll_s"], query_encoder=args["query_encoder"]
+        _store(args),
+        host=args["host"],
+        port=args["port"],
+        poll_s=args["poll_s"],
+        query_encoder=args["query_encoder"],
+        search_threads=args["search_threads"],
     )
     return 0
 

@@ -74,10 +74,19 @@ def create_app(holder: IndexHolder, poll: bool = True) -> FastAPI:
 
 
 def serve(
-    store: str, host: str = "127.0.0.1", port: int = DEFAULT_PORT, poll_s: float = 5.0, query_encoder: str = "auto"
+    store: str,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    poll_s: float = 5.0,
+    query_encoder: str = "auto",
+    search_threads: int = 1,
 ) -> None:
-    """Run the service until interrupted (uvicorn, one process)."""
+    """Run the service until interrupted (uvicorn, one process). FAISS searches with ``search_threads``
+    OpenMP threads: requests run side by side already, and a team of threads per single query contends with
+    the query encoder's own threads (measured: 100k flat, one query, 5.2 ms with 1 thread, 16 ms with 2)."""
+    import faiss
     import uvicorn
 
+    faiss.omp_set_num_threads(search_threads)
     holder = IndexHolder(store, poll_s, query_encoder)
     uvicorn.run(create_app(holder), host=host, port=port, log_level="info")
