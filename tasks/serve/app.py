@@ -63,12 +63,12 @@ def create_app(holder: IndexHolder, poll: bool = True) -> FastAPI:
     @app.get("/search")
     def search_one(q: Annotated[QueryText, Query()], k: Annotated[int, Query(ge=1, le=MAX_K)] = 5) -> dict[str, Any]:
         served = _served(holder)
-        return {**describe(served), "k": k, "hits": served.search([q], k)[0]}
+        return {**describe(served), "k": k, "hits": holder.search(served, [q], k)[0]}
 
     @app.post("/search")
     def search_batch(request: BatchRequest) -> dict[str, Any]:
         served = _served(holder)
-        return {**describe(served), "k": request.k, "results": served.search(request.queries, request.k)}
+        return {**describe(served), "k": request.k, "results": holder.search(served, request.queries, request.k)}
 
     return app
 
@@ -81,12 +81,8 @@ def serve(
     query_encoder: str = "auto",
     search_threads: int = 1,
 ) -> None:
-    """Run the service until interrupted (uvicorn, one process). FAISS searches with ``search_threads``
-    OpenMP threads: requests run side by side already, and a team of threads per single query contends with
-    the query encoder's own threads (measured: 100k flat, one query, 5.2 ms with 1 thread, 16 ms with 2)."""
-    import faiss
+    """Run the service until interrupted (uvicorn, one process)."""
     import uvicorn
 
-    faiss.omp_set_num_threads(search_threads)
-    holder = IndexHolder(store, poll_s, query_encoder)
+    holder = IndexHolder(store, poll_s, query_encoder, search_threads)
     uvicorn.run(create_app(holder), host=host, port=port, log_level="info")

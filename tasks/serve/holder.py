@@ -24,10 +24,11 @@ log = logging.getLogger(__name__)
 
 class IndexHolder:
     """The served index (or None before one is promoted), the pointer etag last tried, and the poller;
-    ``query_encoder`` as :func:`build_index.load_current` takes it."""
+    ``query_encoder`` as :func:`build_index.load_current` takes it; the OpenMP threads a FAISS search may use."""
 
-    def __init__(self, store: str, poll_s: float, query_encoder: str = "auto") -> None:
+    def __init__(self, store: str, poll_s: float, query_encoder: str = "auto", search_threads: int = 1) -> None:
         self.store, self.poll_s, self.query_encoder = store, poll_s, query_encoder
+        self.search_threads = search_threads
         self.current: LoadedIndex | None = None
         self.tried_etag: str | None = None
         self.last_error: str | None = None
@@ -35,6 +36,16 @@ class IndexHolder:
         self.swaps = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+
+    def search(self, served: LoadedIndex, queries: list[str], k: int) -> list[list[dict]]:
+        """``served.search`` with ``search_threads`` OpenMP threads. The setting is the calling thread's own (an
+        OpenMP thread count is per thread), so it is made in each request's thread; one thread by default:
+        requests already run side by side, and a team per single query contends with the query encoder's
+        threads (100k flat, one query: 5.2 ms with 1 thread, 16 ms with 2, on 2 cores)."""
+        import faiss
+
+        faiss.omp_set_num_threads(self.search_threads)
+        return served.search(queries, k)
 
     def pointer_etag(self) -> str | None:
         """The etag of ``indexes/current.json`` (None while nothing is promoted), without reading it."""

@@ -5,6 +5,7 @@ hammer it (no failed request; the new index answers after the next poll)."""
 from __future__ import annotations
 
 import logging
+import os
 import socket
 import threading
 import time
@@ -82,6 +83,24 @@ def test_query_encoder_torch_serves_the_pytorch_student(store):
     assert holder.refresh() and holder.health()["query_encoder"] == "torch"
     hits = holder.current.search([TEXTS[7]], 1)[0]
     assert hits[0]["text"] == TEXTS[7]
+
+
+def test_a_search_runs_with_the_holders_openmp_threads_in_the_requests_thread(store):
+    import faiss
+
+    holder = IndexHolder(store, POLL_S, search_threads=1)
+    holder.refresh()
+    seen: list[int] = []
+
+    def request() -> None:
+        seen.append(faiss.omp_get_max_threads())
+        holder.search(holder.current, [TEXTS[7]], 1)
+        seen.append(faiss.omp_get_max_threads())
+
+    thread = threading.Thread(target=request)
+    thread.start()
+    thread.join()
+    assert seen[1] == 1 and (os.cpu_count() == 1 or seen[0] > 1)
 
 
 def test_single_and_batched_queries(service):
