@@ -48,13 +48,10 @@ class Index:
     entries: dict[str, Entry]
     etag: str | None
 
-    def by_bucket(self, key: str) -> dict[str, pl.Series]:
-        """The ids partitions other than ``key`` hold, by bucket (:func:`bucket_of`)."""
-        others = self.ids.filter(pl.col("partition") != key).select(
-            "sentence_id", bucket=bucket_of(pl.col("sentence_id"))
-        )
-        parts = others.partition_by("bucket", as_dict=True, include_key=False)
-        return {str(bucket): part.to_series() for (bucket,), part in parts.items()}
+    def held_elsewhere(self, key: str, bucket: str) -> pl.Series:
+        """The ids of ``bucket`` (:func:`bucket_of`) that partitions other than ``key`` hold."""
+        wanted = (pl.col("partition") != key) & pl.col("sentence_id").str.starts_with(bucket)
+        return self.ids.filter(wanted)["sentence_id"]
 
 
 def bucket_of(sentence_id: pl.Expr) -> pl.Expr:

@@ -202,6 +202,12 @@ class BuildIndexParams(StageParams):
     nprobe: int = Field(16, gt=0)
     pq_m: int = Field(16, gt=0, description="IVF-PQ sub-quantisers (must divide the dimension)")
     pq_bits: int = Field(8, ge=1, le=12, description="IVF-PQ bits per sub-quantiser code")
+    refine: Literal["none", "sq8", "flat"] = Field(
+        "sq8",
+        description="IVF-PQ: re-rank the candidates on int8 scalar-quantised codes (sq8) or the full vectors "
+        "(flat), kept beside the PQ codes; none keeps PQ distances",
+    )
+    refine_k_factor: float = Field(4.0, ge=1, description="IVF-PQ re-rank: candidates re-scored, times k")
     batch_size: int = Field(128, gt=0)
     dtype: Literal["fp32", "bf16"] = "fp32"
     name: AutoRunName = Field("", description="index name (default: the model run)")

@@ -64,7 +64,9 @@ def test_flat_index_is_exact_promoted_and_searchable(store, capsys, caplog):
     [
         ("hnsw", {"hnsw_m": 8}, "HNSW8,Flat"),
         ("ivf_flat", {"nlist": 4, "nprobe": 4}, "IVF4,Flat"),
-        ("ivf_pq", {"nlist": 4, "nprobe": 4, "pq_m": 4, "pq_bits": 4}, "IVF4,PQ4x4"),
+        ("ivf_pq", {"nlist": 4, "nprobe": 4, "pq_m": 4, "pq_bits": 4}, "IVF4,PQ4x4,Refine(SQ8)"),
+        ("ivf_pq", {"nlist": 4, "nprobe": 4, "pq_m": 4, "pq_bits": 4, "refine": "none"}, "IVF4,PQ4x4"),
+        ("ivf_pq", {"nlist": 4, "nprobe": 4, "pq_m": 4, "pq_bits": 4, "refine": "flat"}, "IVF4,PQ4x4,RFlat"),
         ("flat", {"sq8": True}, "SQ8"),
     ],
 )
@@ -73,6 +75,15 @@ def test_index_types(store, index_type, extra, factory):
     stats = result.stats
     assert stats["factory"] == factory
     assert 0.3 <= stats["recall_at_10"] <= 1.0
+
+
+def test_the_ivf_pq_re_rank_recalls_more_than_pq_distances_alone(store):
+    settings = {"index_type": "ivf_pq", "nlist": 4, "nprobe": 4, "pq_m": 4, "pq_bits": 4, "promote": False}
+    recall = {
+        refine: _build(store, name=f"rerank-{refine}", refine=refine, **settings).stats["recall_at_10"]
+        for refine in ("none", "sq8")
+    }
+    assert recall["sq8"] > recall["none"]
 
 
 def test_auto_picks_by_size():

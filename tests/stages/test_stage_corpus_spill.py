@@ -48,12 +48,6 @@ def test_buckets_hold_every_id_once_by_first_hex_digit_with_its_input_position(t
     assert every["sentence_id"].to_list() == [sentences.sentence_id(t) for t in TEXTS]
 
 
-def test_buckets_among_reads_only_the_buckets_asked_for(tmp_path: Path) -> None:
-    spill = _spill(tmp_path, [TEXTS])
-    names = [bucket for bucket, _ in spill.buckets()]
-    assert [bucket for bucket, _ in spill.buckets(names[:2] + ["not-a-bucket"])] == names[:2]
-
-
 def test_shards_and_ids_follow_the_mask_in_input_order(tmp_path: Path) -> None:
     spill = _spill(tmp_path, [TEXTS[:70], TEXTS[70:150], TEXTS[150:]])
     keep = np.arange(200) % 3 != 0

@@ -126,10 +126,12 @@ def _first_in_input(spill: Spill) -> np.ndarray:
 
 def _not_held(spill: Spill, first: np.ndarray, index: staged_ids.Index, key: str) -> np.ndarray:
     """``first`` less the rows whose id a partition other than ``key`` holds (a bucket of ids at a time)."""
-    keep, held = first.copy(), index.by_bucket(key)
-    for bucket, ids in spill.buckets(held.keys()):
-        found = ids.filter(pl.col("sentence_id").is_in(held[bucket].implode()))["position"].to_numpy()
-        keep[found] = False
+    keep = first.copy()
+    if index.ids.is_empty():
+        return keep
+    for bucket, ids in spill.buckets():
+        held = index.held_elsewhere(key, bucket)
+        keep[ids.filter(pl.col("sentence_id").is_in(held.implode()))["position"].to_numpy()] = False
     return keep
 
 

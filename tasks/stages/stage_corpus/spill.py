@@ -5,7 +5,7 @@ bucket at a time, and the mask of rows kept (a byte a row); the shards are read 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +46,10 @@ class Spill:
             writer.close()
         self._writers.clear()
 
-    def buckets(self, among: Iterable[str] | None = None) -> Iterator[tuple[str, pl.DataFrame]]:
-        """Each bucket (of ``among``, if given) and its rows' ``position`` and ``sentence_id``, in input order."""
+    def buckets(self) -> Iterator[tuple[str, pl.DataFrame]]:
+        """Each bucket and its rows' ``position`` and ``sentence_id``, in input order."""
         self.close()
-        for bucket in sorted(self._names if among is None else self._names.intersection(among)):
+        for bucket in sorted(self._names):
             with pa.OSFile(str(self._bucket_path(bucket))) as source:
                 yield bucket, pl.DataFrame(ipc.open_stream(source).read_all())
 
