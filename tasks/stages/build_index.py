@@ -236,7 +236,7 @@ def _write_index(
     }
 
 
-def build(vectors: np.ndarray, factory: str, nprobe: int, k_factor: float = 4.0):
+def build(vectors: np.ndarray, factory: str, nprobe: int, k_factor: float = 16.0):
     """The index ``factory`` names over ``vectors``: IVF probing ``nprobe`` lists, a re-ranking one (``Refine``)
     re-scoring ``k_factor`` times k candidates."""
     import faiss

@@ -207,7 +207,7 @@ class BuildIndexParams(StageParams):
         description="IVF-PQ: re-rank the candidates on int8 scalar-quantised codes (sq8) or the full vectors "
         "(flat), kept beside the PQ codes; none keeps PQ distances",
     )
-    refine_k_factor: float = Field(4.0, ge=1, description="IVF-PQ re-rank: candidates re-scored, times k")
+    refine_k_factor: float = Field(16.0, ge=1, description="IVF-PQ re-rank: candidates re-scored, times k")
     batch_size: int = Field(128, gt=0)
     dtype: Literal["fp32", "bf16"] = "fp32"
     name: AutoRunName = Field("", description="index name (default: the model run)")
