@@ -19,8 +19,10 @@ Beside each speed: STS-B test and SICK-R test (Spearman x100), cached with disti
 student is scored anew). int8 is worth exporting for a student only if it loses at most 0.3 points to the same
 student in fp32 on both test sets and is faster than that student's fastest float variant (fp32 or bf16).
 
-ONNX Runtime is not installed in this project, so no ONNX variant is measured. ``torch.ao.quantization`` is
-deprecated in recent PyTorch (it warns when used) but still runs in the pinned version.
+The ONNX graphs ``hpd distill --onnx`` exports (ONNX Runtime) are not among these variants yet: the export
+scores its graph on STS dev against the PyTorch student, and ``bench/serve`` times it encoding queries.
+``torch.ao.quantization`` is deprecated in recent PyTorch (it warns when used) but still runs in the pinned
+version.
 
 Rerun: ``python -m bench student_throughput`` after ``python -m bench distill_quality`` (which exports the
 students); ``HPD_BENCH_ROUNDS`` sets the timed rounds (default 3).
