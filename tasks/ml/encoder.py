@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -246,21 +246,20 @@ class SentenceEncoder(torch.nn.Module):
         return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask")}
 
     def _batches(self, texts: list[str], batch_size: int) -> Iterator[tuple[np.ndarray, dict]]:
-        """Batches of similar token length (longest first), so padding is minimal."""
-        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length, return_attention_mask=False)[
-            "input_ids"
-        ]
-        order = np.argsort([-len(ids) for ids in encoded], kind="stable")
-        for start in range(0, len(order), batch_size):
-            positions = order[start : start + batch_size]
-            padded = self.tokenizer.pad({"input_ids": [encoded[i] for i in positions]}, return_tensors="pt")
-            yield (
-                positions,
-                {
-                    "input_ids": padded["input_ids"].to(self.device),
-                    "attention_mask": padded["attention_mask"].to(self.device),
-                },
-            )
+        for positions, padded in length_batches(self.tokenizer, texts, self.max_seq_length, batch_size, "pt"):
+            yield positions, {name: padded[name].to(self.device) for name in ("input_ids", "attention_mask")}
+
+
+def length_batches(
+    tokenizer: Any, texts: list[str], max_length: int, batch_size: int, tensors: str
+) -> Iterator[tuple[np.ndarray, Any]]:
+    """Batches of similar token length (longest first), so padding is minimal: each batch's positions in
+    ``texts`` and its padded ``input_ids`` and ``attention_mask`` (``tensors``: "pt" or "np")."""
+    encoded = tokenizer(texts, truncation=True, max_length=max_length, return_attention_mask=False)["input_ids"]
+    order = np.argsort([-len(ids) for ids in encoded], kind="stable")
+    for start in range(0, len(order), batch_size):
+        positions = order[start : start + batch_size]
+        yield positions, tokenizer.pad({"input_ids": [encoded[i] for i in positions]}, return_tensors=tensors)
 
 
 def _modules(folder: Path) -> dict[str, str]:

@@ -18,7 +18,6 @@ import logging
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -26,7 +25,7 @@ import numpy as np
 import torch
 
 from tasks.ml import sts
-from tasks.ml.encoder import SentenceEncoder
+from tasks.ml.encoder import SentenceEncoder, length_batches
 
 Variant = Literal["fp32", "int8"]
 FILES: dict[Variant, str] = {"int8": "onnx/encoder_int8.onnx", "fp32": "onnx/encoder.onnx"}
@@ -145,15 +144,7 @@ class OnnxEncoder:
     def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         """Embeddings of ``texts`` (float32, input order)."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for positions, batch in self._batches(texts, batch_size):
+        for positions, padded in length_batches(self.tokenizer, texts, self.max_seq_length, batch_size, "np"):
+            batch = {name: padded[name].astype(np.int64) for name in ("input_ids", "attention_mask")}
             out[positions] = self.session.run(None, batch)[0]
         return out
-
-    def _batches(self, texts: list[str], batch_size: int) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
-        """Batches of similar token length (longest first), so padding is minimal."""
-        encoded = self.tokenizer(texts, truncation=True, max_length=self.max_seq_length)["input_ids"]
-        order = np.argsort([-len(ids) for ids in encoded], kind="stable")
-        for start in range(0, len(order), batch_size):
-            positions = order[start : start + batch_size]
-            padded = self.tokenizer.pad({"input_ids": [encoded[i] for i in positions]}, return_tensors="np")
-            yield positions, {name: padded[name].astype(np.int64) for name in ("input_ids", "attention_mask")}
