@@ -16,9 +16,11 @@ with 20 partitions already staged.
   53× the bound; the peak is the process's RSS high-water mark reset once the imports are done
   (``rss_before_mb``: the RSS then). The previous staging is measured on the corpus only (minutes a run
 beyond).
-* De-duplication: a store holding 1 or 20 prior partitions of 20,000 distinct sentences each; the seconds of
-  the staging run's ``drop_already_staged`` phase (load the index, reconciled with the manifests, and the
-  anti-join) plus recording its ids in the index; the previous staging's ``drop_already_staged`` on the same store.
+* De-duplication: a store holding 1 or 20 prior partitions of 20,000 distinct sentences each, and one holding
+  the 20 partitions' 400,000 sentences in one partition (same ids as 20, one partition: what the partition
+  count alone costs); the seconds of staging the corpus's ``drop_already_staged`` phase (load the index,
+  reconciled with the manifests, and the anti-join) plus recording its ids in the index, best of 3 runs on
+  fresh copies of the store; the previous staging's ``drop_already_staged`` on the same store.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ from typing import Any
 import pandas as pd
 
 from bench import CORPUS, REPO, results
-from tasks.core import config, staged_ids
+from tasks.core import config, staged_ids, storage
 from tasks.stages import stage_corpus
 from tasks.stages.params import StageCorpusParams
 
@@ -52,6 +54,12 @@ LEGACY_COMMIT = "4e965bf27d106f899be2af6d7f75a007425d1b3f"
 DAY = date(2026, 1, 1)
 BOUND_ROWS = 50_000
 PRIOR_ROWS = 20_000
+DEDUP_REPEATS = 3
+DEDUP_LAYOUTS = {  # prior partitions, each the range of 20,000-sentence blocks it holds
+    "1_prior": [range(1)],
+    "20_prior": [range(i, i + 1) for i in range(20)],
+    "1_prior_same_ids": [range(20)],  # the 20 partitions' sentences, in one
+}
 
 
 def _params(store: Path, source: Path, day: date = DAY, **extra: Any) -> StageCorpusParams:
@@ -187,31 +195,56 @@ def _memory(work: Path, sources: dict[str, Path], old: ModuleType | None) -> dic
     return found
 
 
-def _prior_source(path: Path, index: int) -> Path:
-    path.write_text("".join(f"prior partition {index} holds distinct sentence {i}\n" for i in range(PRIOR_ROWS)))
+def _prior_source(path: Path, indexes: range) -> Path:
+    path.write_text(
+        "".join(
+            f"prior partition {index} holds distinct sentence {i}\n" for index in indexes for i in range(PRIOR_ROWS)
+        )
+    )
     return path
 
 
 def _dedup(work: Path, old: ModuleType | None) -> dict[str, Any]:
+    """For each store layout (prior partitions, 20,000 sentences each unless the whole 400,000 sit in one):
+    the best of ``DEDUP_REPEATS`` stagings of the corpus, each on a fresh copy of the store."""
     found: dict[str, Any] = {}
-    for priors in (1, 20):
-        store = work / f"dedup-{priors}"
-        for index in range(priors):
-            source = _prior_source(work / f"prior-{index}.txt", index)
-            stage_corpus.run(_params(store, source, DAY - timedelta(days=index + 1), column="text"))
-        copy = work / f"dedup-{priors}-previous"
-        shutil.copytree(store, copy)
-        recording: list[float] = []
-        timings = _timing_record(recording, lambda s=store: stage_corpus.run(_params(s, CORPUS)))
-        found[f"{priors}_prior"] = {
-            "prior_rows": priors * PRIOR_ROWS,
-            "ours_seconds": round(timings["drop_already_staged"] + sum(recording), 4),
-            "ours_phases": {"drop_already_staged": timings["drop_already_staged"], "record": round(sum(recording), 4)},
-        }
+    for name, priors in DEDUP_LAYOUTS.items():
+        store = work / f"dedup-{name}"
+        for index, ids in enumerate(priors):
+            source = _prior_source(work / f"prior-{name}-{index}.txt", ids)
+            stage_corpus.run(_params(store, source, DAY - timedelta(days=index + 2), column="text"))
+        _settle(store, work / f"settle-{name}.txt")
+        runs = [_dedup_run(store, work / f"dedup-{name}-{repeat}") for repeat in range(DEDUP_REPEATS)]
+        best = min(runs, key=lambda run: run["ours_seconds"])
+        found[name] = {"prior_partitions": len(priors), "prior_rows": sum(map(len, priors)) * PRIOR_ROWS, **best}
         if old:
-            previous = old.run(_params(copy, CORPUS)).manifest.document["timings_s"]
-            found[f"{priors}_prior"]["previous_seconds"] = previous["drop_already_staged"]
+            copy = work / f"dedup-{name}-previous"
+            shutil.copytree(store, copy)
+            found[name]["previous_seconds"] = old.run(_params(copy, CORPUS)).manifest.document["timings_s"][
+                "drop_already_staged"
+            ]
     return found
+
+
+def _settle(store: Path, source: Path) -> None:
+    """Stage one sentence as the day before the measured one, once the manifests are older than the window
+    in which a listing cannot version them: the index then records every manifest's version, as a store
+    staged day after day has it (the first run after a burst of stagings reads their manifests once)."""
+    time.sleep(storage.RACY_NS / 1e9 + 0.5)
+    source.write_text("the day before holds one sentence\n")
+    stage_corpus.run(_params(store, source, DAY - timedelta(days=1), column="text"))
+
+
+def _dedup_run(store: Path, copy: Path) -> dict[str, Any]:
+    shutil.copytree(store, copy)
+    recording: list[float] = []
+    timings = _timing_record(recording, lambda: stage_corpus.run(_params(copy, CORPUS)))
+    document = json.loads((copy / staged_ids.FOLDER / "index.json").read_text())
+    return {
+        "ours_seconds": round(timings["drop_already_staged"] + sum(recording), 4),
+        "ours_phases": {"drop_already_staged": timings["drop_already_staged"], "record": round(sum(recording), 4)},
+        "segments_after": len(document["segments"]),
+    }
 
 
 def _timing_record(seconds: list[float], stage: Callable[[], Any]) -> dict[str, float]:

@@ -132,11 +132,10 @@ def _flip_a_bit_before_the_id_index(place: Place) -> dict[str, str]:
 
 
 def _flip_a_bit_in_the_id_index(place: Place) -> dict[str, str]:
-    """The staged partition's segment of the staged-id index with one bit flipped, same size: only its
-    recorded checksum tells."""
+    """A segment of the staged-id index with one bit flipped, same size: only its recorded checksum tells."""
     names = _staged(place)
     index = json.loads(storage.read_bytes(storage.join(place.store, "staged_ids/index.json")))
-    segment = storage.join(place.store, index["partitions"]["ingest_date=2026-11-30"]["key"])
+    segment = storage.join(place.store, next(iter(index["segments"])))
     body = bytearray(storage.read_bytes(segment))
     body[len(body) // 2] ^= 0x01
     storage.write_bytes(segment, bytes(body))

@@ -580,6 +580,17 @@ def read(store: str, stage: Stage, key: str) -> Manifest | None:
     return parse(uri, body, store)
 
 
+def list_versions(store: str, stage: Stage) -> dict[str, str | None]:
+    """The key of every manifest published for ``stage`` and its version (:class:`storage.ListedObject`), from
+    one listing: what changed since a version was seen can be told without reading every manifest."""
+    root = catalog.manifests_prefix(store, stage)
+    return {
+        o.uri[len(root) + 1 :].removesuffix(".json"): o.version
+        for o in storage.list_objects(root)
+        if o.uri.endswith(".json") and not storage.hidden(o.uri)
+    }
+
+
 def list_keys(store: str, stage: Stage, under: str = "") -> list[str]:
     """Keys of every manifest published for ``stage`` (optionally under a key prefix), sorted."""
     root = catalog.manifests_prefix(store, stage)

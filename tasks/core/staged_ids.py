@@ -1,16 +1,25 @@
 """The staged-id index: which corpus partition holds each staged sentence id, so that staging a partition
-de-duplicates against the ids alone instead of reading the id column of every staged shard, and records
-its own partition without rewriting anyone else's.
+de-duplicates against the ids alone instead of reading the id column of every staged shard.
 
-``staged_ids/index.json`` lists, for each staged partition, one Parquet segment of its ids (``sentence_id``,
-content-addressed: ``staged_ids/<partition>-<sha16>.parquet``) with its sha256 and row count, and a digest
-of the shard checksums its manifest listed. Every segment is read verified. The index is never trusted
-past the manifests: on load, a partition whose manifest is missing, new or lists other shards than the
-index recorded is re-read from its shards (verified), so a store staged by an older version, a re-staged
-partition or a run that died between its manifest and the index all come out right. A staging run writes
-its partition's segment (and those of partitions it re-read), then swaps ``index.json`` by
-compare-and-swap against the version it loaded; :class:`storage.PreconditionFailed` tells it that another
-run recorded first.
+The ids live in a few content-addressed Parquet segments (``staged_ids/ids-<sha16>.parquet``), each
+bucketed by the first hex digit of the id (:data:`BUCKETS`), one row group a bucket: ``sentence_id`` (the
+16 raw bytes of the blake2b digest) beside the ``partition`` holding it. ``staged_ids/index.json`` lists the
+segments with their sha256, row count and the bucket of each row group, and for each staged partition the
+segment holding its ids, a digest of the shard checksums its manifest listed and the version of that
+manifest as a listing last saw it.
+
+A staging run writes one segment of its own ids only, so what it writes follows its partition. Once more
+than :data:`MAX_SEGMENTS` are live it writes every counted id into one instead (a compaction, one run in
+``MAX_SEGMENTS``). So a run reads a bounded number of objects whatever the number of partitions staged: one
+listing of the manifests, the manifests whose version changed since, and at most ``MAX_SEGMENTS`` segments
+(read whole, verified); it holds one bucket decoded at a time.
+
+The index is never trusted past the manifests: a partition whose manifest is gone no longer counts, and
+one whose manifest is new or lists other shards than the index recorded (a store staged by an older
+version, a re-staged partition, a run that died between its manifest and the index) counts with its ids
+re-read from its shards (verified); rows of a partition in any segment but its own do not count. A staging
+run writes its segment, then swaps ``index.json`` by compare-and-swap against the version it loaded;
+:class:`storage.PreconditionFailed` tells it that another run recorded first.
 """
 
 from __future__ import annotations
@@ -18,9 +27,9 @@ from __future__ import annotations
 import hashlib
 import json
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
@@ -31,32 +40,91 @@ from tasks.core import manifest, storage
 from tasks.core.catalog import Stage
 
 FOLDER = "staged_ids"
-VERSION = 1
-SCHEMA = {"sentence_id": pl.String, "partition": pl.String}
-_SEGMENT_SCHEMA = pa.schema([("sentence_id", pa.large_string())])
-_READERS = 4  # segments read (or shards re-read) at a time: reading and verifying release the GIL
-Entry = dict[str, Any]  # digest; and key, sha256, rows once its segment is written
+VERSION = 2
+MAX_SEGMENTS = 8
+BUCKETS = tuple("0123456789abcdef")
+SCHEMA = {"sentence_id": pl.Binary, "partition": pl.Categorical}
+_IDS_SCHEMA = pa.schema([("sentence_id", pa.binary(16)), ("partition", pa.dictionary(pa.int32(), pa.string()))])
+_READERS = 4  # manifests or shards read at a time: reading and verifying release the GIL
+Entry = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A segment as read (whole, verified), the rows of each bucket in it (first row, count), and the
+    partitions whose ids in it count. Its columns are decoded once, when first asked for: the partition column only when some of
+    its ids do not count or every row is rewritten (a compaction)."""
+
+    entry: Entry
+    file: pq.ParquetFile
+    spans: dict[str, tuple[int, int]]
+    partitions: frozenset[str]
+    _decoded: dict[bool, pl.DataFrame] = field(default_factory=dict, compare=False)
+
+    def ids(self, bucket: str) -> pl.Series:
+        """The ids of ``bucket`` that count."""
+        if self._every_row_counts():
+            return self._frame(labelled=False)["sentence_id"].slice(*self.spans.get(bucket, (0, 0)))
+        return self.rows(bucket)["sentence_id"]
+
+    def rows(self, bucket: str) -> pl.DataFrame:
+        """The ids of ``bucket`` that count, and their partition."""
+        rows = self._frame(labelled=True).slice(*self.spans.get(bucket, (0, 0)))
+        if self._every_row_counts():
+            return rows
+        return rows.filter(pl.col("partition").is_in(list(self.partitions)))
+
+    def _every_row_counts(self) -> bool:
+        return self.partitions.issuperset(self.entry["partitions"])
+
+    def _frame(self, labelled: bool) -> pl.DataFrame:
+        if labelled not in self._decoded:
+            table = self.file.read(columns=None if labelled else ["sentence_id"]).combine_chunks()
+            self._decoded[labelled] = pl.DataFrame(table)
+        return self._decoded[labelled]
 
 
 @dataclass(frozen=True)
 class Index:
-    """The staged ids of every partition but the one being staged (``sentence_id``, ``partition``), as loaded
-    and reconciled with the manifests; each partition's entry (a partition re-read from its shards has no
-    segment yet); the etag of the ``index.json`` read (None: there was none)."""
+    """The index as loaded and reconciled with the manifests: each partition's entry but the one being
+    staged; the recorded segments holding the ids that count; the ids of partitions re-read from their
+    shards (written into the next segment); the etag of the ``index.json`` read (None: there was none)."""
 
-    ids: pl.DataFrame
-    entries: dict[str, Entry]
+    partitions: dict[str, Entry]
+    segments: dict[str, Segment]
+    repaired: pl.DataFrame
     etag: str | None
 
-    def held_elsewhere(self, key: str, bucket: str) -> pl.Series:
-        """The ids of ``bucket`` (:func:`bucket_of`) that partitions other than ``key`` hold."""
-        wanted = (pl.col("partition") != key) & pl.col("sentence_id").str.starts_with(bucket)
-        return self.ids.filter(wanted)["sentence_id"]
+    def ids(self, bucket: str) -> pl.Series:
+        """The ids of ``bucket`` (raw bytes) that count: those of the staged partitions but the one being
+        staged."""
+        ids = [segment.ids(bucket) for segment in self.segments.values()]
+        return pl.concat([*ids, self.repaired_rows(bucket)["sentence_id"]])
+
+    def rows(self, bucket: str) -> pl.DataFrame:
+        """:meth:`ids`, with the partition holding each."""
+        return pl.concat([*(segment.rows(bucket) for segment in self.segments.values()), self.repaired_rows(bucket)])
+
+    def repaired_rows(self, bucket: str) -> pl.DataFrame:
+        """The ids of ``bucket`` re-read from the shards of their partitions."""
+        if self.repaired.is_empty():
+            return self.repaired
+        return self.repaired.filter(bucket_of_bytes(pl.col("sentence_id")) == bucket)
 
 
 def bucket_of(sentence_id: pl.Expr) -> pl.Expr:
     """A sentence id's bucket: its first hex digit, so that de-duplication can hold a sixteenth at a time."""
     return sentence_id.str.head(1)
+
+
+def bucket_of_bytes(raw_id: pl.Expr) -> pl.Expr:
+    """:func:`bucket_of` of an id held as raw bytes."""
+    return raw_id.bin.encode("hex").str.head(1)
+
+
+def as_bytes(sentence_id: pl.Expr) -> pl.Expr:
+    """Hex sentence ids (``sentences.sentence_id``) as their 16 raw bytes, the index's form."""
+    return sentence_id.str.decode("hex")
 
 
 def index_uri(store: str) -> str:
@@ -71,35 +139,61 @@ def outputs_digest(published: manifest.Manifest) -> str:
 def load(store: str, exclude_key: str) -> Index:
     """The index, brought up to date with the published staging manifests of every partition but
     ``exclude_key`` (the one being staged: its manifest is not read, it may be the corrupt one a forced run
-    replaces; neither is its segment, which :func:`record` replaces)."""
+    replaces; neither do its recorded ids count, :func:`record` replaces them)."""
     document, etag = _read_document(store)
-    entries: dict[str, Entry] = dict(document["partitions"]) if document else {}
-    current = _published(store, exclude_key)
-    known = (entries.keys() | current.keys()) - {exclude_key}
-    stale = {key for key in known if entries.get(key, {}).get("digest") != _digest(current, key)}
-    trusted = sorted(known - stale)
+    recorded: dict[str, Entry] = document["partitions"] if document else {}
+    entries: dict[str, Entry] = document["segments"] if document else {}
+    partitions = _reconciled(store, recorded, exclude_key)
+    stale = sorted(key for key, entry in partitions.items() if "segment" not in entry)
+    holding: dict[str, set[str]] = {}  # segment -> the partitions whose ids in it count
+    for key, entry in partitions.items():
+        if "segment" in entry:
+            holding.setdefault(entry["segment"], set()).add(key)
     with ThreadPoolExecutor(_READERS) as pool:
-        segments = list(pool.map(lambda key: _read_segment(store, key, entries[key]), trusted))
-        repaired = list(pool.map(lambda key: _partition_ids(key, current[key]), sorted(stale & current.keys())))
-    entries = {key: entries[key] for key in [*trusted, exclude_key] if key in entries}
-    entries |= {key: {"digest": outputs_digest(current[key])} for key in stale & current.keys()}
-    return Index(pl.concat([_empty(), *segments, *repaired]), entries, etag)
+        repaired = list(pool.map(lambda key: _partition_ids(store, key), stale))
+        read = pool.map(lambda name: _read_segment(store, name, entries[name], holding[name]), holding)
+        segments = dict(zip(holding, read, strict=True))
+    return Index(partitions, segments, pl.concat([_empty(), *repaired]), etag)
 
 
-def record(store: str, index: Index, key: str, published: manifest.Manifest, ids: Iterable[pl.Series]) -> None:
-    """Record ``ids`` as the partition ``key`` of ``published``: its segment (and those of the partitions the
-    load re-read), then ``index.json`` by compare-and-swap against the loaded version."""
-    entries = {**index.entries, key: {"digest": outputs_digest(published)}}
-    unwritten = [name for name, entry in entries.items() if "key" not in entry]
+def record(store: str, index: Index, key: str, published: manifest.Manifest, ids: Callable[[str], pl.Series]) -> None:
+    """Record the partition ``key`` of ``published``, whose raw ids ``ids(bucket)`` gives a bucket at a time:
+    a segment of them and of the partitions re-read (of every id that counts, once more than
+    :data:`MAX_SEGMENTS` would be live), then ``index.json`` by compare-and-swap against the loaded version."""
+    compact = len(index.segments) + 1 > MAX_SEGMENTS
 
-    def write(name: str) -> Entry:
-        rows = ids if name == key else [index.ids.filter(pl.col("partition") == name)["sentence_id"]]
-        return {"digest": entries[name]["digest"], **_write_segment(store, name, rows)}
+    def rows(bucket: str) -> pl.DataFrame:
+        fresh = pl.DataFrame({"sentence_id": ids(bucket)}).with_columns(partition=pl.lit(key, pl.Categorical))
+        return pl.concat([index.rows(bucket) if compact else index.repaired_rows(bucket), fresh])
 
+    moved = index.partitions.keys() if compact else {k for k, e in index.partitions.items() if "segment" not in e}
+    name, segment = _write_segment(store, rows, sorted({key, *moved}))
+    partitions = index.partitions | {k: {**index.partitions[k], "segment": name} for k in moved}
+    partitions[key] = {"digest": outputs_digest(published), "segment": name}
+    live = {entry["segment"] for entry in partitions.values()}
+    segments = {n: s.entry for n, s in index.segments.items() if n in live} | {name: segment}
+    body = json.dumps({"version": VERSION, "partitions": partitions, "segments": segments}, indent=1, sort_keys=True)
+    storage.compare_and_swap(index_uri(store), body.encode(), index.etag)
+
+
+def _reconciled(store: str, recorded: dict[str, Entry], exclude_key: str) -> dict[str, Entry]:
+    """The entry of every partition with a published manifest but ``exclude_key``: as recorded when its
+    manifest's version is the one recorded, else from the manifest (read), without a segment when the
+    manifest lists other shards than the index recorded (its ids are to be re-read)."""
+    listed = manifest.list_versions(store, Stage.STAGE_CORPUS)
+    listed.pop(exclude_key, None)
+    changed = sorted(
+        key for key, seen in listed.items() if seen is None or recorded.get(key, {}).get("manifest") != seen
+    )
+    entries = {key: recorded[key] for key in listed.keys() - set(changed)}
     with ThreadPoolExecutor(_READERS) as pool:
-        entries |= dict(zip(unwritten, pool.map(write, unwritten), strict=True))
-    body = json.dumps({"version": VERSION, "partitions": entries}, indent=1, sort_keys=True).encode()
-    storage.compare_and_swap(index_uri(store), body, index.etag)
+        read = zip(changed, pool.map(lambda k: manifest.read(store, Stage.STAGE_CORPUS, k), changed), strict=True)
+        for key, found in read:
+            if found is not None:
+                entry = {"digest": outputs_digest(found), "manifest": listed[key]}
+                same = recorded.get(key, {}).get("digest") == entry["digest"]
+                entries[key] = {**recorded[key], **entry} if same else entry
+    return entries
 
 
 def live(store: str) -> set[str]:
@@ -107,7 +201,7 @@ def live(store: str) -> set[str]:
     document, _ = _read_document(store)
     if document is None:
         return set()
-    return {index_uri(store)} | {storage.join(store, e["key"]) for e in document["partitions"].values()}
+    return {index_uri(store)} | {storage.join(store, name) for name in document["segments"]}
 
 
 def _read_document(store: str) -> tuple[dict[str, Any] | None, str | None]:
@@ -122,61 +216,79 @@ def _read_document(store: str) -> tuple[dict[str, Any] | None, str | None]:
 def _well_formed(document: Any) -> bool:
     if not isinstance(document, dict) or document.get("version") != VERSION:
         return False
-    entries = document.get("partitions")
-    return isinstance(entries, dict) and all(_well_formed_entry(e) for e in entries.values())
-
-
-def _well_formed_entry(entry: Any) -> bool:
-    """A written entry: its digest, sha256 and row count, and a segment key inside the index's folder."""
-    if not isinstance(entry, dict) or not all(isinstance(entry.get(f), str) for f in ("digest", "key", "sha256")):
+    partitions, segments = document.get("partitions"), document.get("segments")
+    if not isinstance(partitions, dict) or not isinstance(segments, dict):
         return False
-    key = entry["key"]
-    return key.startswith(f"{FOLDER}/") and ".." not in key and not storage.hidden(key)
+    return all(_well_formed_segment(name, entry) for name, entry in segments.items()) and all(
+        isinstance(e, dict) and isinstance(e.get("digest"), str) and e.get("segment") in segments
+        for e in partitions.values()
+    )
 
 
-def _read_segment(store: str, key: str, entry: Entry) -> pl.DataFrame:
-    table = storage.read_parquet(storage.join(store, entry["key"]), sha256=entry["sha256"])
-    return pl.DataFrame({"sentence_id": table.column("sentence_id"), "partition": key}, schema=SCHEMA)
+def _well_formed_segment(name: str, entry: Any) -> bool:
+    """A segment's key inside the index's folder, and its sha256, row count, row groups and partitions."""
+    if (
+        not isinstance(entry, dict)
+        or not isinstance(entry.get("sha256"), str)
+        or not isinstance(entry.get("rows"), int)
+    ):
+        return False
+    inside = name.startswith(f"{FOLDER}/") and ".." not in name and not storage.hidden(name)
+    row_groups, partitions = entry.get("row_groups"), entry.get("partitions")
+    listed = isinstance(partitions, list) and all(isinstance(p, str) for p in partitions)
+    return inside and listed and isinstance(row_groups, list) and set(row_groups) <= set(BUCKETS)
+
+
+def _read_segment(store: str, name: str, entry: Entry, partitions: set[str]) -> Segment:
+    """The segment ``name`` (read whole, verified), for the rows of ``partitions``."""
+    uri = storage.join(store, name)
+    try:
+        ids = pq.ParquetFile(pa.BufferReader(storage.read_bytes(uri, sha256=entry["sha256"])))
+    except pa.ArrowException as exc:
+        raise storage.StorageError(uri, f"cannot read Parquet: {exc}") from exc
+    shape = (ids.metadata.num_rows, ids.metadata.num_row_groups, ids.schema_arrow)
+    if shape != (entry["rows"], len(entry["row_groups"]), _IDS_SCHEMA):
+        found = f"{shape[0]} rows in {shape[1]} row groups of ({', '.join(map(str, shape[2].types))})"
+        raise storage.StorageError(uri, f"holds {found}, not what {index_uri(store)} records")
+    spans, start = {}, 0
+    for group, bucket in enumerate(entry["row_groups"]):
+        rows = ids.metadata.row_group(group).num_rows
+        spans[bucket], start = (start, rows), start + rows
+    return Segment(entry, ids, spans, frozenset(partitions))
 
 
 def _empty() -> pl.DataFrame:
     return pl.DataFrame(schema=SCHEMA)
 
 
-def _published(store: str, exclude_key: str) -> dict[str, manifest.Manifest]:
-    """Every published staging manifest but ``exclude_key``'s, by partition key."""
-    keys = [key for key in manifest.list_keys(store, Stage.STAGE_CORPUS) if key != exclude_key]
-    with ThreadPoolExecutor(_READERS) as pool:
-        found = dict(zip(keys, pool.map(lambda key: manifest.read(store, Stage.STAGE_CORPUS, key), keys), strict=True))
-    return {key: m for key, m in found.items() if m is not None}
-
-
-def _digest(current: dict[str, manifest.Manifest], key: str) -> str | None:
-    return outputs_digest(current[key]) if key in current else None
-
-
-def _partition_ids(key: str, published: manifest.Manifest) -> pl.DataFrame:
+def _partition_ids(store: str, key: str) -> pl.DataFrame:
     """A partition's ids, read from its shards verified against its manifest."""
-    columns = [
-        storage.read_parquet(o.uri, columns=["sentence_id"], sha256=o.sha256).column("sentence_id")
-        for o in published.outputs
-    ]
+    published = manifest.read(store, Stage.STAGE_CORPUS, key)
+    outputs = published.outputs if published else []
+    columns = [storage.read_parquet(o.uri, ["sentence_id"], o.sha256).column("sentence_id") for o in outputs]
     ids = pl.Series("sentence_id", pa.chunked_array(columns, pa.string()) if columns else [], pl.String)
-    return pl.DataFrame({"sentence_id": ids, "partition": key}, schema=SCHEMA)
+    return pl.DataFrame({"sentence_id": ids}).select(
+        as_bytes(pl.col("sentence_id")), partition=pl.lit(key, pl.Categorical)
+    )
 
 
-def _write_segment(store: str, partition: str, ids: Iterable[pl.Series]) -> Entry:
-    """A partition's ids (a piece at a time, through a local file) as a content-addressed Parquet object;
-    its key, sha256 and row count."""
+def _write_segment(store: str, rows: Callable[[str], pl.DataFrame], partitions: list[str]) -> tuple[str, Entry]:
+    """A segment of ``rows(bucket)`` for every bucket (the ids of ``partitions``), written through a local file
+    a bucket at a time, as a content-addressed object: its key, and its entry (sha256, row count, the bucket
+    of each row group, the partitions)."""
+    written: list[str] = []
+    count = 0
     with tempfile.TemporaryFile() as spooled:
-        rows = 0
-        with pq.ParquetWriter(spooled, _SEGMENT_SCHEMA, compression="zstd") as writer:
-            for piece in ids:
-                writer.write_table(pa.table([piece.to_arrow()], schema=_SEGMENT_SCHEMA))
-                rows += piece.len()
+        options: dict[str, Any] = {"compression": "none", "use_dictionary": ["partition"], "write_statistics": False}
+        with pq.ParquetWriter(spooled, _IDS_SCHEMA, **options) as writer:
+            for bucket in BUCKETS:
+                if (table := rows(bucket).to_arrow().cast(_IDS_SCHEMA)).num_rows:
+                    writer.write_table(table, row_group_size=table.num_rows)
+                    written.append(bucket)
+                    count += table.num_rows
         spooled.seek(0)
         digest = hashlib.file_digest(spooled, "sha256").hexdigest()
         spooled.seek(0)
-        key = f"{FOLDER}/{partition}-{digest[:16]}.parquet"
-        storage.write_bytes(storage.join(store, key), spooled)
-    return {"key": key, "sha256": digest, "rows": rows}
+        name = f"{FOLDER}/ids-{digest[:16]}.parquet"
+        storage.write_bytes(storage.join(store, name), spooled)
+    return name, {"sha256": digest, "rows": count, "row_groups": written, "partitions": partitions}

@@ -743,10 +743,10 @@ def _read_verified(uri: str, sha256: str) -> Any:
 # inode, device): a re-read of the same unchanged version (fit-pca reads each shard twice) is not hashed again.
 # Any change of the file, or another expected sha256, is hashed in full; a file that changes while it is
 # re-read is hashed from the bytes read. As git does with its index, a file modified within the last
-# _RACY_NS is never remembered: the file system's clock may not tick between two writes that close.
+# RACY_NS is never remembered: the file system's clock may not tick between two writes that close.
 _VERIFIED_LOCAL: dict[str, tuple[str, tuple[int, ...]]] = {}
 _VERIFIED_LOCAL_MAX = 100_000
-_RACY_NS = 2_000_000_000
+RACY_NS = 2_000_000_000
 
 
 def _local_version(uri: str) -> tuple[int, ...]:
@@ -762,7 +762,7 @@ def _seen_verified(uri: str, sha256: str, version: tuple[int, ...]) -> bool:
 
 
 def _remember_verified(uri: str, sha256: str, version: tuple[int, ...]) -> None:
-    if _local_version(uri) != version or time.time_ns() - version[1] < _RACY_NS:
+    if _local_version(uri) != version or time.time_ns() - version[1] < RACY_NS:
         return  # changed while it was read, or too recently to tell a later change by its mtime
     if len(_VERIFIED_LOCAL) >= _VERIFIED_LOCAL_MAX:
         _VERIFIED_LOCAL.clear()
@@ -899,11 +899,20 @@ def delete(uri: str) -> None:
 @dataclass(frozen=True)
 class ListedObject:
     """An object as a listing sees it, hidden ones (``.tmp-*``, ``.lock-*``) included: its URI, size in
-    bytes and last-modified time (timezone-aware, UTC)."""
+    bytes, last-modified time (timezone-aware, UTC) and a version token that changes whenever the object is
+    written (on S3 its ETag; locally its size and mtime, which a copy that keeps times keeps too, None while
+    the mtime is too recent to tell a later write by: see ``RACY_NS``)."""
 
     uri: str
     size: int
     modified: datetime
+    version: str | None
+
+
+def _stat_version(stat: os.stat_result) -> str | None:
+    if time.time_ns() - stat.st_mtime_ns < RACY_NS:
+        return None
+    return f"{stat.st_size}-{stat.st_mtime_ns}"
 
 
 def _list_local_objects(prefix: str) -> list[ListedObject]:
@@ -915,7 +924,8 @@ def _list_local_objects(prefix: str) -> list[ListedObject]:
                 stat = os.stat(path)
             except FileNotFoundError:  # deleted, or renamed into place, since the walk saw it
                 continue
-            found.append(ListedObject("file://" + path, stat.st_size, datetime.fromtimestamp(stat.st_mtime, UTC)))
+            modified = datetime.fromtimestamp(stat.st_mtime, UTC)
+            found.append(ListedObject("file://" + path, stat.st_size, modified, _stat_version(stat)))
     return found
 
 
@@ -926,7 +936,7 @@ def _list_s3_objects(prefix: str) -> list[ListedObject]:
     try:
         for page in s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=folder):
             found += [
-                ListedObject(f"s3://{bucket}/{o['Key']}", o["Size"], o["LastModified"].astimezone(UTC))
+                ListedObject(f"s3://{bucket}/{o['Key']}", o["Size"], o["LastModified"].astimezone(UTC), o["ETag"])
                 for o in page.get("Contents", [])
                 if not o["Key"].endswith("/")
             ]
@@ -937,8 +947,8 @@ def _list_s3_objects(prefix: str) -> list[ListedObject]:
 
 def list_objects(prefix: str) -> list[ListedObject]:
     """Every object under the folder ``prefix``, recursively, sorted by URI, with its size and last-modified
-    time; unlike :func:`list_uris` it includes the hidden temp and lock files (of writers in progress, or
-    killed). For garbage collection: an object's time is when it was last written (locally the file's
+    time and version; unlike :func:`list_uris` it includes the hidden temp and lock files (of writers in
+    progress, or killed). For garbage collection: an object's time is when it was last written (locally the file's
     mtime, on S3 the object's LastModified, in the server's clock)."""
     backend = _backend(prefix)
     listed = _list_local_objects(prefix) if isinstance(backend, _Local) else _list_s3_objects(prefix)

@@ -5,9 +5,11 @@ import json
 import threading
 from datetime import date
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from tasks.core import catalog, config, staged_ids, storage
+from tasks.core import catalog, config, manifest, staged_ids, storage
 from tasks.core.sentences import sentence_id
 from tasks.core.sentences import shards as partition_shards
 from tasks.stages import stage_corpus
@@ -32,30 +34,38 @@ def _staged(store, day):
 
 
 def _recorded(store):
-    """What ``index.json`` and its segments hold (read verified), as {sentence id: partition}."""
-    document = json.loads(storage.read_bytes(staged_ids.index_uri(store)))
+    """What ``index.json`` and its segments hold (read verified), as {sentence id: partition}: each
+    partition's rows in the segment its entry names."""
+    document = _document(store)
     found = {}
-    for partition, entry in document["partitions"].items():
-        segment = storage.read_parquet(storage.join(store, entry["key"]), sha256=entry["sha256"])
-        assert segment.num_rows == entry["rows"]
-        found |= dict.fromkeys(segment.column("sentence_id").to_pylist(), partition)
+    for name, entry in document["segments"].items():
+        owners = {key for key, e in document["partitions"].items() if e["segment"] == name}
+        segment = pq.ParquetFile(pa.BufferReader(storage.read_bytes(storage.join(store, name), entry["sha256"])))
+        assert segment.metadata.num_rows == entry["rows"]
+        for group, bucket in enumerate(entry["row_groups"]):
+            for row in segment.read_row_group(group).to_pylist():
+                assert row["sentence_id"].hex().startswith(bucket)
+                if row["partition"] in owners:
+                    found[row["sentence_id"].hex()] = row["partition"]
     return found
+
+
+def _document(store):
+    return json.loads(storage.read_bytes(staged_ids.index_uri(store)))
 
 
 def _truth(store, *days):
     return {sid: catalog.partition_key(day) for day in days for sid in _staged(store, day)}
 
 
-def _segments(store):
-    return json.loads(storage.read_bytes(staged_ids.index_uri(store)))["partitions"]
-
-
 def test_each_run_records_its_partition_and_a_restage_replaces_it(store_root, tmp_path):
     _stage(store_root, tmp_path, DAY1, ["alpha one", "beta two", "gamma three"])
-    first = _segments(store_root)
+    first = _document(store_root)
     _stage(store_root, tmp_path, DAY2, ["beta two", "delta four"])
     assert _recorded(store_root) == _truth(store_root, DAY1, DAY2)
-    assert _segments(store_root)[KEY1] == first[KEY1]  # recording DAY2 rewrote nothing of DAY1's
+    second = _document(store_root)
+    assert second["partitions"][KEY1]["segment"] == first["partitions"][KEY1]["segment"]  # not rewritten
+    assert second["segments"][second["partitions"][KEY2]["segment"]]["rows"] == 1  # DAY2's one new id only
     assert set(_staged(store_root, DAY2).values()) == {"delta four"}
 
     # re-staging DAY1 with other sentences: its own old ids neither count against it nor stay in the index
@@ -97,14 +107,59 @@ def test_an_index_entry_that_no_manifest_backs_is_not_trusted(store_root, tmp_pa
 
 def test_a_tampered_segment_is_refused(store_root, tmp_path):
     _stage(store_root, tmp_path, DAY1, [f"sentence {i}" for i in range(40)])
-    document = json.loads(storage.read_bytes(staged_ids.index_uri(store_root)))
-    segment = storage.join(store_root, document["partitions"][KEY1]["key"])
-    body = bytearray(storage.read_bytes(segment))
+    bucket = storage.join(store_root, next(iter(_document(store_root)["segments"])))
+    body = bytearray(storage.read_bytes(bucket))
     body[len(body) // 2] ^= 1
-    storage.write_bytes(segment, bytes(body))
+    storage.write_bytes(bucket, bytes(body))
     with pytest.raises(storage.IntegrityError, match="sha256 mismatch"):
         _stage(store_root, tmp_path, DAY2, ["another one"])
     assert partition_shards(store_root, DAY2) == []
+
+
+def test_segments_stay_bounded_by_compaction(store_root, tmp_path, monkeypatch):
+    """Each run writes a segment of its own ids; the run that would leave more than MAX_SEGMENTS live writes
+    every id that counts into one instead."""
+    monkeypatch.setattr(staged_ids, "MAX_SEGMENTS", 3)
+    days = [date(2026, 11, day) for day in range(1, 6)]
+    counts = []
+    for number, day in enumerate(days):
+        _stage(store_root, tmp_path, day, [f"day {number} sentence", "shared sentence"])
+        counts.append(len(_document(store_root)["segments"]))
+        assert _recorded(store_root) == _truth(store_root, *days[: number + 1])
+    assert counts == [1, 2, 3, 1, 2]
+    assert len(_recorded(store_root)) == len(days) + 1
+
+
+def test_a_run_reads_only_the_manifests_changed_since_the_index_recorded_them(store_root, tmp_path, monkeypatch):
+    """The index keeps each manifest's listed version: a run reads the manifest the run before it published
+    (recorded without a version) and no other, however many partitions are staged."""
+    monkeypatch.setattr(storage, "RACY_NS", 0)  # versions of just-written local files count
+    for day in range(1, 6):
+        _stage(store_root, tmp_path, date(2026, 11, day), [f"day {day} sentence"])
+    read, reads = manifest.read, []
+    monkeypatch.setattr(manifest, "read", lambda store, stage, key: reads.append(key) or read(store, stage, key))
+    staged = _stage(store_root, tmp_path, date(2026, 11, 6), ["day 2 sentence", "day 6 sentence"])
+    assert [key for key in reads if key != catalog.partition_key(date(2026, 11, 6))] == [
+        catalog.partition_key(date(2026, 11, 5))
+    ]
+    assert staged.stats["dropped"]["already_staged"] == 1
+    assert _recorded(store_root) == _truth(store_root, *[date(2026, 11, day) for day in range(1, 7)])
+
+
+def test_a_manifest_rewritten_since_it_was_recorded_is_read_again(store_root, tmp_path, monkeypatch):
+    """A partition re-staged by a run that died before recording its ids: its manifest's version changed,
+    so its ids are re-read from its shards and the old ones no longer count."""
+    monkeypatch.setattr(storage, "RACY_NS", 0)
+    _stage(store_root, tmp_path, DAY1, ["alpha one"])
+    _stage(store_root, tmp_path, DAY2, ["beta two"])
+    _stage(store_root, tmp_path, DAY3, ["unrelated"])  # DAY2's version is recorded now
+    record = staged_ids.record
+    monkeypatch.setattr(staged_ids, "record", lambda *args: None)  # re-staging DAY2 dies before recording
+    _stage(store_root, tmp_path, DAY2, ["gamma three"], max_chars=400)
+    monkeypatch.setattr(staged_ids, "record", record)
+    fourth = _stage(store_root, tmp_path, date(2026, 11, 4), ["beta two", "gamma three"])
+    assert set(_staged(store_root, date(2026, 11, 4)).values()) == {"beta two"}
+    assert fourth.stats["dropped"]["already_staged"] == 1
 
 
 def test_concurrent_stagings_of_two_dates_stage_each_sentence_once(store_root, tmp_path, monkeypatch):

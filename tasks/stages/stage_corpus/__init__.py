@@ -22,6 +22,7 @@ from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -124,14 +125,14 @@ def _first_in_input(spill: Spill) -> np.ndarray:
     return first
 
 
-def _not_held(spill: Spill, first: np.ndarray, index: staged_ids.Index, key: str) -> np.ndarray:
-    """``first`` less the rows whose id a partition other than ``key`` holds (a bucket of ids at a time)."""
+def _not_held(spill: Spill, first: np.ndarray, index: staged_ids.Index) -> np.ndarray:
+    """``first`` less the rows whose id another partition holds (a bucket of ids at a time; every recorded
+    bucket is read, verified, before anything is published)."""
     keep = first.copy()
-    if index.ids.is_empty():
-        return keep
-    for bucket, ids in spill.buckets():
-        held = index.held_elsewhere(key, bucket)
-        keep[ids.filter(pl.col("sentence_id").is_in(held.implode()))["position"].to_numpy()] = False
+    for bucket in staged_ids.BUCKETS:
+        held, ids = index.ids(bucket), spill.bucket(bucket)
+        found = ids.filter(pl.col("sentence_id").is_in(held.implode()))
+        keep[found["position"].to_numpy()] = False
     return keep
 
 
@@ -143,7 +144,7 @@ def _publish(
     for attempt in range(_ATTEMPTS):
         with stage_run.phase("drop_already_staged"):
             index = staged_ids.load(params.store, stage_run.key)
-            keep = _not_held(spill, first, index, stage_run.key)
+            keep = _not_held(spill, first, index)
         dropped = {**stats["dropped"], "already_staged": int(first.sum()) - int(keep.sum())}
         stage_run.stats = {**stats, "rows_written": int(keep.sum()), "dropped": {r: dropped[r] for r in DROP_REASONS}}
         if attempt:
@@ -155,7 +156,7 @@ def _publish(
             return result  # a concurrent run of the same work published first; it records its own ids
         try:
             with stage_run.phase("record_staged_ids"):
-                staged_ids.record(params.store, index, stage_run.key, result.manifest, spill.ids(keep))
+                staged_ids.record(params.store, index, stage_run.key, result.manifest, partial(spill.ids, keep=keep))
             return result
         except storage.PreconditionFailed:
             log.info("%s: another staging recorded its ids first; de-duplicating again", stage_run.key)

@@ -14,10 +14,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from tasks.core.staged_ids import bucket_of
+from tasks.core.staged_ids import as_bytes, bucket_of
 from tasks.stages.stage_corpus.normalise import SCHEMA
 
-_ID_SCHEMA = pa.schema([("position", pa.int64()), ("sentence_id", pa.large_string())])
+_ID_SCHEMA = pa.schema([("position", pa.int64()), ("sentence_id", pa.large_binary())])
 
 
 class Spill:
@@ -35,7 +35,7 @@ class Spill:
         rows.write_ipc(path)
         self._files.append(path)
         positions = pl.int_range(self.rows, self.rows + rows.height, dtype=pl.Int64).alias("position")
-        ids = rows.select(positions, "sentence_id", bucket=bucket_of(pl.col("sentence_id")))
+        ids = rows.select(positions, as_bytes(pl.col("sentence_id")), bucket=bucket_of(pl.col("sentence_id")))
         for (bucket,), part in ids.partition_by("bucket", as_dict=True, include_key=False).items():
             self._writer(str(bucket)).write_table(part.to_arrow().cast(_ID_SCHEMA))
         self.rows += rows.height
@@ -47,16 +47,22 @@ class Spill:
         self._writers.clear()
 
     def buckets(self) -> Iterator[tuple[str, pl.DataFrame]]:
-        """Each bucket and its rows' ``position`` and ``sentence_id``, in input order."""
-        self.close()
+        """Each bucket holding rows, and its rows' ``position`` and ``sentence_id``, in input order."""
         for bucket in sorted(self._names):
-            with pa.OSFile(str(self._bucket_path(bucket))) as source:
-                yield bucket, pl.DataFrame(ipc.open_stream(source).read_all())
+            yield bucket, self.bucket(bucket)
 
-    def ids(self, keep: np.ndarray) -> Iterator[pl.Series]:
-        """The ids of the rows ``keep`` (a mask over every row) selects, a bucket at a time."""
-        for _, frame in self.buckets():
-            yield frame.filter(pl.Series(keep[frame["position"].to_numpy()]))["sentence_id"]
+    def bucket(self, name: str) -> pl.DataFrame:
+        """The ``position`` and ``sentence_id`` (raw bytes) of the rows in bucket ``name``, in input order."""
+        self.close()
+        if name not in self._names:
+            return pl.DataFrame(schema={"position": pl.Int64, "sentence_id": pl.Binary})
+        with pa.OSFile(str(self._bucket_path(name))) as source:
+            return pl.DataFrame(ipc.open_stream(source).read_all())
+
+    def ids(self, bucket: str, keep: np.ndarray) -> pl.Series:
+        """The ids in ``bucket`` of the rows ``keep`` (a mask over every row) selects."""
+        frame = self.bucket(bucket)
+        return frame.filter(pl.Series(keep[frame["position"].to_numpy()], dtype=pl.Boolean))["sentence_id"]
 
     def shards(self, keep: np.ndarray, shard_rows: int) -> Iterator[pl.DataFrame]:
         """The rows ``keep`` (a mask over every row, in order) selects, ``shard_rows`` at a time."""
