@@ -52,8 +52,8 @@ Entry = dict[str, Any]
 @dataclass(frozen=True)
 class Segment:
     """A segment as read (whole, verified), the rows of each bucket in it (first row, count), and the
-    partitions whose ids in it count. Its columns are decoded once, when first asked for: the partition column only when some of
-    its ids do not count or every row is rewritten (a compaction)."""
+    partitions whose ids in it count. Its columns are decoded once, when first asked for: the partition
+    column only when some of its ids do not count or every row is rewritten (a compaction)."""
 
     entry: Entry
     file: pq.ParquetFile
