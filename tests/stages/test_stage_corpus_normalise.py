@@ -9,6 +9,7 @@ import pytest
 
 from tasks.core import sentences
 from tasks.stages.stage_corpus import normalise
+from tasks.stages.stage_corpus.id_hasher import IdHasher
 
 # Whitespace of every kind, controls, combining marks and pieces that compose under NFC, mixed into any text.
 TRICKY = list(" \t\n\r\x0b\x0c\x1c\x00\x07\x1b\x7f\x85\x9f\xa0\u1680\u2000\u2028\u2029\u202f\u205f\u3000\u180e")
@@ -44,6 +45,8 @@ def test_unassigned_characters_go_through_the_python_function():
 
 def test_kept_rows_drop_empty_and_over_long_texts_and_carry_the_sentence_id():
     batch = pl.DataFrame({"line": [1, 2, 3, 4], "raw": [" Caf\u00e9 ", "\t", None, "x" * 11]})
-    kept, dropped = normalise.kept_rows(batch, "file:///raw.txt", max_chars=10)
-    assert kept.rows() == [(sentences.sentence_id("Caf\u00e9"), "Caf\u00e9", "file:///raw.txt", 1)]
+    with IdHasher() as hasher:
+        kept, dropped = normalise.kept_rows(batch, "file:///raw.txt", max_chars=10, hasher=hasher)
+    sid = sentences.sentence_id("Caf\u00e9")
+    assert kept.rows() == [(sid, "Caf\u00e9", "file:///raw.txt", 1, bytes.fromhex(sid))]
     assert dropped == {"empty": 2, "too_long": 1}

@@ -13,15 +13,17 @@ from tasks.stages.stage_corpus.spill import Spill
 
 
 def _rows(texts: list[str], first_line: int) -> pl.DataFrame:
-    return pl.DataFrame(
+    ids = [sentences.sentence_id(t) for t in texts]
+    rows = pl.DataFrame(
         {
-            "sentence_id": [sentences.sentence_id(t) for t in texts],
+            "sentence_id": ids,
             "text": texts,
             "source": "file:///corpus.txt",
             "line": range(first_line, first_line + len(texts)),
         },
         schema=SCHEMA,
     )
+    return rows.with_columns(raw_id=pl.Series([bytes.fromhex(i) for i in ids], dtype=pl.Binary))
 
 
 def _spill(tmp_path: Path, batches: list[list[str]]) -> Spill:

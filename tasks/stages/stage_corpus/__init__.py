@@ -36,6 +36,7 @@ from tasks.core.progress import Progress
 from tasks.core.sources import CorpusInputError, resolve_source, source_uris
 from tasks.stages.params import StageCorpusParams
 from tasks.stages.stage_corpus import normalise, readers
+from tasks.stages.stage_corpus.id_hasher import IdHasher
 from tasks.stages.stage_corpus.spill import Spill
 
 __all__ = ["DROP_REASONS", "CorpusInputError", "StageCorpusParams", "run"]
@@ -84,32 +85,34 @@ def _read(
     read from each source (at most ``params.limit`` in all)."""
     dropped: Counter[str] = Counter()
     records_read: dict[str, int] = {}
-    for source in sources:
-        uri = source.uri
-        remaining = None if params.limit is None else params.limit - sum(records_read.values())
-        records_read[uri] = 0
-        what = f"stage_corpus {uri.rsplit('/', 1)[-1]}"
-        with (
-            readers.opened(source, params.max_input_bytes) as stream,
-            Progress(what, total=None, unit="records", bar=progress, logger=log) as reporter,
-        ):
-            for height, (kept, counts) in _overlapped(readers.batches(uri, stream, params, remaining), uri, params):
-                reporter.update(height)
-                records_read[uri] += height
-                dropped.update(counts)
-                spill.add(kept)
+    with IdHasher() as hasher:
+        for source in sources:
+            uri = source.uri
+            remaining = None if params.limit is None else params.limit - sum(records_read.values())
+            records_read[uri] = 0
+            what = f"stage_corpus {uri.rsplit('/', 1)[-1]}"
+            with (
+                readers.opened(source, params.max_input_bytes) as stream,
+                Progress(what, total=None, unit="records", bar=progress, logger=log) as reporter,
+            ):
+                batches = readers.batches(uri, stream, params, remaining)
+                for height, (kept, counts) in _overlapped(batches, uri, params, hasher):
+                    reporter.update(height)
+                    records_read[uri] += height
+                    dropped.update(counts)
+                    spill.add(kept)
     return dropped, records_read
 
 
 def _overlapped(
-    batches: Iterator[pl.DataFrame], uri: str, params: StageCorpusParams
+    batches: Iterator[pl.DataFrame], uri: str, params: StageCorpusParams, hasher: IdHasher
 ) -> Iterator[tuple[int, tuple[pl.DataFrame, Counter[str]]]]:
-    """Each batch's height and kept rows, normalised in a second thread while the next batch is read (two
-    batches at most in hand)."""
+    """Each batch's height and kept rows, normalised in a second thread (its ids hashed by ``hasher``'s
+    process) while the next batch is read (two batches at most in hand)."""
     with ThreadPoolExecutor(1, thread_name_prefix="hpd-normalise") as pool:
         pending: tuple[int, Future[tuple[pl.DataFrame, Counter[str]]]] | None = None
         for batch in batches:
-            started = (batch.height, pool.submit(normalise.kept_rows, batch, uri, params.max_chars))
+            started = (batch.height, pool.submit(normalise.kept_rows, batch, uri, params.max_chars, hasher))
             if pending:
                 yield pending[0], pending[1].result()
             pending = started

@@ -18,6 +18,7 @@ import numpy as np
 import polars as pl
 
 from tasks.core import sentences
+from tasks.stages.stage_corpus.id_hasher import IdHasher
 
 SCHEMA = {"sentence_id": pl.String, "text": pl.String, "source": pl.String, "line": pl.Int64}
 
@@ -75,13 +76,14 @@ def normalise(raw: pl.Series) -> pl.Series:
     return texts.alias("text")
 
 
-def kept_rows(batch: pl.DataFrame, source: str, max_chars: int) -> tuple[pl.DataFrame, Counter[str]]:
+def kept_rows(batch: pl.DataFrame, source: str, max_chars: int, hasher: IdHasher) -> tuple[pl.DataFrame, Counter[str]]:
     """The rows of ``batch`` (``line``, ``raw``) that are neither empty nor longer than ``max_chars`` once
-    normalised, with their ids (``SCHEMA``), and how many were dropped for each of those reasons."""
+    normalised, with their ids (``SCHEMA``, and ``raw_id``: the id's bytes, computed by ``hasher``), and how
+    many were dropped for each of those reasons."""
     frame = batch.select("line", text=normalise(batch["raw"]))
     length = pl.col("text").str.len_chars()
     counts = frame.select(empty=(length == 0).sum(), too_long=(length > max_chars).sum()).row(0, named=True)
     kept = frame.filter((length > 0) & (length <= max_chars))
-    ids = list(map(sentences.sentence_id, kept["text"].to_list()))
-    kept = kept.with_columns(pl.Series("sentence_id", ids, pl.String), source=pl.lit(source, pl.String))
-    return kept.select(list(SCHEMA)), Counter(counts)
+    raw = hasher.digests(kept["text"])
+    kept = kept.with_columns(raw.bin.encode("hex").alias("sentence_id"), raw, source=pl.lit(source, pl.String))
+    return kept.select(*SCHEMA, "raw_id"), Counter(counts)

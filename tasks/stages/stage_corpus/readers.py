@@ -143,7 +143,7 @@ def _frames(uri: str, stream: io.BufferedReader, fmt: str, params: StageCorpusPa
         return _text_frames(chunks)
     if fmt == "tsv":
         return _tsv_frames(uri, chunks, params.column)
-    lines = (line + "\n" for chunk in chunks for line in chunk)  # the csv module keeps newlines in quoted fields
+    lines = (line + "\n" for chunk in chunks for line in chunk.to_list())  # csv keeps newlines in quoted fields
     if fmt == "jsonl":
         return _record_frames(_jsonl_records(uri, lines, params.column))
     return _record_frames(_csv_records(uri, lines, params.column))
@@ -159,20 +159,20 @@ def _record_frames(records: Iterator[Record]) -> Iterator[pl.DataFrame]:
         yield _frame(lines, raws)
 
 
-def _text_frames(chunks: Iterator[list[str]]) -> Iterator[pl.DataFrame]:
+def _text_frames(chunks: Iterator[pl.Series]) -> Iterator[pl.DataFrame]:
     """One record a line, its ending stripped."""
     first = 1
     for lines in chunks:
-        yield _frame(pl.int_range(first, first + len(lines), eager=True), pl.Series(lines).str.strip_chars_end("\r\n"))
+        yield _frame(pl.int_range(first, first + len(lines), eager=True), lines.str.strip_chars_end("\r\n"))
         first += len(lines)
 
 
-def _tsv_frames(uri: str, chunks: Iterator[list[str]], column: str) -> Iterator[pl.DataFrame]:
+def _tsv_frames(uri: str, chunks: Iterator[pl.Series], column: str) -> Iterator[pl.DataFrame]:
     """The ``column`` field of every non-empty line after the header, split on tabs (no quoting); a chunk
     holding a carriage return inside a line, or a field too long for the csv module, goes through it."""
-    lines = next(chunks, [])
+    lines = next(chunks, pl.Series(dtype=pl.String))
     try:
-        header = next(csv.reader(lines[:1], delimiter="\t", quoting=csv.QUOTE_NONE), None)
+        header = next(csv.reader(lines[:1].to_list(), delimiter="\t", quoting=csv.QUOTE_NONE), None)
     except csv.Error as exc:
         raise CorpusInputError(f"{uri}: malformed at line 1 ({exc})") from None
     if header is None:
@@ -181,8 +181,8 @@ def _tsv_frames(uri: str, chunks: Iterator[list[str]], column: str) -> Iterator[
         raise CorpusInputError(f"{uri}: no column {column!r} (columns: {header})")
     position, first, lines = header.index(column), 2, lines[1:]
     while lines is not None:
-        plain = not any("\r" in line or len(line) > _FIELD_LIMIT for line in lines)
-        frame, malformed = (_split_tsv(lines, first), None) if plain else _csv_tsv(lines, first)
+        plain = not lines.str.contains("\r", literal=True).any() and (lines.str.len_chars().max() or 0) <= _FIELD_LIMIT
+        frame, malformed = (_split_tsv(lines, first), None) if plain else _csv_tsv(lines.to_list(), first)
         frame = frame.with_columns(
             count=pl.col("fields").list.len(), raw=pl.col("fields").list.get(position, null_on_oob=True)
         )
@@ -199,7 +199,7 @@ def _tsv_frames(uri: str, chunks: Iterator[list[str]], column: str) -> Iterator[
         lines = next(chunks, None)
 
 
-def _split_tsv(lines: list[str], first: int) -> pl.DataFrame:
+def _split_tsv(lines: pl.Series, first: int) -> pl.DataFrame:
     """Lines without carriage returns: their tab-separated fields, empty lines left out (as csv does)."""
     frame = pl.DataFrame({"line": pl.int_range(first, first + len(lines), eager=True), "body": lines})
     return frame.filter(pl.col("body") != "").select("line", fields=pl.col("body").str.split("\t"))
@@ -223,7 +223,7 @@ def _csv_tsv(lines: list[str], first: int) -> tuple[pl.DataFrame, tuple[int, str
     return frame, malformed
 
 
-def _line_chunks(uri: str, stream: io.BufferedReader, max_chars: int) -> Iterator[list[str]]:
+def _line_chunks(uri: str, stream: io.BufferedReader, max_chars: int) -> Iterator[pl.Series]:
     """The source's lines as text (their ``\\n`` taken off), a chunk at a time while every line of the chunk is
     plainly fine, then line by line from the first chunk that is not (:func:`_exact_lines`)."""
     line_no, offset, blank = 0, 0, True
@@ -236,30 +236,27 @@ def _line_chunks(uri: str, stream: io.BufferedReader, max_chars: int) -> Iterato
             rest = io.BufferedReader(_Prepended(chunk, stream), _CHUNK)
             exact = _exact_lines(uri, rest, max_chars, line_no, offset, blank)
             while piece := list(itertools.islice(exact, _RECORDS)):
-                yield [line.removesuffix("\n") for line in piece]
+                yield pl.Series([line.removesuffix("\n") for line in piece], dtype=pl.String)
             return
         line_no, offset = line_no + len(lines), offset + len(chunk)
-        blank = blank and not any(not line.isspace() for line in lines if line)
+        blank = blank and not any(not line.isspace() for line in lines.to_list() if line)
         yield lines
     if blank:
         raise CorpusInputError(f"{uri}: the input is empty")
 
 
-def _plain_lines(chunk: bytes, stream: io.BufferedReader, max_chars: int, bom: bool) -> list[str] | None:
-    """A chunk's lines, or None when it is not valid UTF-8, ends inside a line longer than the read limit, or
-    holds a line that may be longer than ``max_chars``."""
+def _plain_lines(chunk: bytes, stream: io.BufferedReader, max_chars: int, bom: bool) -> pl.Series | None:
+    """A chunk's lines (decoded and split by polars), or None when it is not valid UTF-8, ends inside a line
+    longer than the read limit, or holds a line that may be longer than ``max_chars``."""
     if not chunk.endswith(b"\n") and stream.peek(1):
         return None
+    body = (chunk.removeprefix(_BOM) if bom else chunk).removesuffix(b"\n")
     try:
-        text = (chunk.removeprefix(_BOM) if bom else chunk).decode("utf-8")
-    except UnicodeDecodeError:
+        text = pl.Series([body], dtype=pl.Binary).cast(pl.String)  # validates the UTF-8
+    except pl.exceptions.ComputeError:
         return None
-    lines = text.split("\n")
-    if max(map(len, lines)) > max_chars:
-        return None
-    if not lines[-1]:
-        lines.pop()  # the chunk ends with a line ending
-    return lines
+    lines = text.str.split("\n").explode()
+    return None if (lines.str.len_chars().max() or 0) > max_chars else lines
 
 
 def _exact_lines(

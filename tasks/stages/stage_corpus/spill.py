@@ -14,7 +14,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 
-from tasks.core.staged_ids import as_bytes, bucket_of
+from tasks.core.staged_ids import bucket_of
 from tasks.stages.stage_corpus.normalise import SCHEMA
 
 _ID_SCHEMA = pa.schema([("position", pa.int64()), ("sentence_id", pa.large_binary())])
@@ -29,13 +29,14 @@ class Spill:
         self._writers: dict[str, Any] = {}
 
     def add(self, rows: pl.DataFrame) -> None:
+        """Spill ``rows`` (``normalise.SCHEMA``, and ``raw_id``: the bytes of each id)."""
         if not rows.height:
             return
         path = self._folder / f"{len(self._files):08d}.arrow"
-        rows.write_ipc(path)
+        rows.select(list(SCHEMA)).write_ipc(path)
         self._files.append(path)
         positions = pl.int_range(self.rows, self.rows + rows.height, dtype=pl.Int64).alias("position")
-        ids = rows.select(positions, as_bytes(pl.col("sentence_id")), bucket=bucket_of(pl.col("sentence_id")))
+        ids = rows.select(positions, sentence_id="raw_id", bucket=bucket_of(pl.col("sentence_id")))
         for (bucket,), part in ids.partition_by("bucket", as_dict=True, include_key=False).items():
             self._writer(str(bucket)).write_table(part.to_arrow().cast(_ID_SCHEMA))
         self.rows += rows.height
