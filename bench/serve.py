@@ -82,7 +82,9 @@ def _publish(store: str, name: str, body: bytes, dim: int, model_run: str, vecto
     index_uri, ids_uri = storage.join(prefix, "index.faiss"), storage.join(prefix, "ids.parquet")
     run.write_output(index_uri, body, rows=vectors)
     ids = [f"{name}-{i}" for i in range(vectors)]
-    run.write_output(ids_uri, datasets.parquet_bytes(pa.table({"sentence_id": ids, "text": ids})), rows=vectors)
+    run.write_output(
+        ids_uri, datasets.parquet_bytes(pa.table({"sentence_id": ids, "text": ids}), dictionary=[]), rows=vectors
+    )
     run.publish()
     return IndexPointer(index_uri, ids_uri, catalog.manifest_uri(store, Stage.BUILD_INDEX, name), model_run, dim, name)
 

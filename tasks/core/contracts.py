@@ -41,6 +41,7 @@ class Field:
     nullable: bool
     value_types: tuple[str, ...] = ()
     description: str = ""
+    dictionary: bool = False  # few distinct values: dictionary-encoded in Parquet (no other column is)
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,11 @@ class Contract:
     version: int
     fields: tuple[Field, ...]
     description: str = ""
+
+    @property
+    def dictionary_columns(self) -> list[str]:
+        """The columns Parquet dictionary-encodes: those declared ``"dictionary": true``."""
+        return [f.name for f in self.fields if f.dictionary]
 
     @property
     def embedding_field(self) -> Field | None:
@@ -131,7 +137,14 @@ def load(name: str) -> Contract:
         raise ContractError(f"no data contract named {name!r}")
     spec = json.loads(path.read_text())
     fields = tuple(
-        Field(f["name"], f["type"], f["nullable"], tuple(f.get("value_types", ())), f.get("description", ""))
+        Field(
+            f["name"],
+            f["type"],
+            f["nullable"],
+            tuple(f.get("value_types", ())),
+            f.get("description", ""),
+            bool(f.get("dictionary", False)),
+        )
         for f in spec["fields"]
     )
     for field in fields:

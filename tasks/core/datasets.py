@@ -31,10 +31,11 @@ class Shard:
     schema_version: int
 
 
-def parquet_bytes(table: pa.Table) -> bytes:
-    """Deterministic Parquet serialisation (zstd): equal tables give equal bytes."""
+def parquet_bytes(table: pa.Table, dictionary: list[str]) -> bytes:
+    """Deterministic Parquet serialisation (zstd, the ``dictionary`` columns dictionary-encoded, the others
+    plain: a dictionary of unique values only costs time): equal tables give equal bytes."""
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd")
+    pq.write_table(table, sink, compression="zstd", use_dictionary=dictionary)
     return sink.getvalue()
 
 
@@ -50,7 +51,7 @@ def write_shard(
     """Check ``table`` against its contract, then publish it as ``<prefix>/<stem>-<sha8>.parquet``."""
     contract = contracts.load(contract_name)
     checked = contract.conform(table, dim=dim, model_id=model_id, value_type=value_type)
-    body = parquet_bytes(checked)
+    body = parquet_bytes(checked, contract.dictionary_columns)
     digest = hashlib.sha256(body).hexdigest()
     uri = storage.join(prefix, f"{stem}-{digest[:8]}.parquet")
     storage.write_bytes(uri, body)

@@ -1,9 +1,11 @@
 import math
+from datetime import date
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
-from tasks.core import contracts, datasets, storage
+from tasks.core import contracts, datasets, sentences, storage
 
 
 def _embeddings(rows, dim=4, value=0.5, value_type=None):
@@ -70,3 +72,24 @@ def test_shards_are_content_addressed_and_deterministic(tmp_path):
     assert first == again
     assert first.uri.endswith(f"part-00000-{first.sha256[:8]}.parquet")
     assert storage.read_parquet(first.uri).schema.metadata[contracts.META_DIM] == b"4"
+
+
+def test_only_the_columns_a_contract_marks_are_dictionary_encoded(tmp_path):
+    """A dictionary of unique values (ids, texts) only costs time: sentences dictionary-encode their source,
+    date and augmentation columns, nothing else."""
+    rows = 50
+    table = sentences.table(
+        {
+            "sentence_id": [f"{i:032x}" for i in range(rows)],
+            "text": [f"sentence {i}" for i in range(rows)],
+            "source": ["file:///corpus.txt"] * rows,
+            "line": list(range(1, rows + 1)),
+        },
+        date(2026, 11, 30),
+    )
+    shard = datasets.write_shard(storage.to_uri(str(tmp_path / "s")), "part-00000", table, "sentences")
+    columns = pq.ParquetFile(shard.uri.removeprefix("file://")).metadata.row_group(0)
+    encoded = {columns.column(i).path_in_schema: columns.column(i).has_dictionary_page for i in range(8)}
+    assert contracts.load("sentences").dictionary_columns == ["source", "ingest_date", "aug_method", "aug_params"]
+    assert encoded == {name: name in ("source", "ingest_date", "aug_method", "aug_params") for name in encoded}
+    assert storage.read_parquet(shard.uri).equals(table)
