@@ -27,6 +27,7 @@ COLUMNS = ("sentence_id", "text", "source", "line", "parent_id", "aug_method", "
 
 # Control characters (C0, DEL, C1: NUL, BEL, ESC ...) become spaces, so no sentence carries one.
 _CONTROL_TO_SPACE = {code: " " for code in (*range(0x20), *range(0x7F, 0xA0))}
+_EPOCH = date(1970, 1, 1)  # date32 counts days from it
 
 
 def normalise(text: str) -> str:
@@ -64,7 +65,7 @@ def table(rows: dict[str, Any], ingest_date: date) -> pa.Table:
         "text": _array(rows["text"], pa.string()),
         "source": _array(rows["source"], pa.string()),
         "line": _array(rows["line"], pa.int64()),
-        "ingest_date": pa.array([ingest_date] * n, pa.date32()),
+        "ingest_date": pa.array(np.full(n, (ingest_date - _EPOCH).days, np.int32)).view(pa.date32()),
     }
     for name in ("parent_id", "aug_method", "aug_params"):
         columns[name] = _array(rows[name], pa.string()) if name in rows else pa.nulls(n, pa.string())
