@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import JSONResponse
@@ -60,15 +60,18 @@ def create_app(holder: IndexHolder, poll: bool = True) -> FastAPI:
         record = holder.health()
         return JSONResponse(record, status_code=200 if record["status"] == "ok" else 503)
 
+    # The answers are JSONResponses made here (plain JSON types only): FastAPI passes a returned Response through,
+    # without validating it against a response model and re-encoding it (0.6 ms a query on 2 cores).
     @app.get("/search")
-    def search_one(q: Annotated[QueryText, Query()], k: Annotated[int, Query(ge=1, le=MAX_K)] = 5) -> dict[str, Any]:
+    def search_one(q: Annotated[QueryText, Query()], k: Annotated[int, Query(ge=1, le=MAX_K)] = 5) -> JSONResponse:
         served = _served(holder)
-        return {**describe(served), "k": k, "hits": holder.search(served, [q], k)[0]}
+        return JSONResponse({**describe(served), "k": k, "hits": holder.search(served, [q], k)[0]})
 
     @app.post("/search")
-    def search_batch(request: BatchRequest) -> dict[str, Any]:
+    def search_batch(request: BatchRequest) -> JSONResponse:
         served = _served(holder)
-        return {**describe(served), "k": request.k, "results": holder.search(served, request.queries, request.k)}
+        results = holder.search(served, request.queries, request.k)
+        return JSONResponse({**describe(served), "k": request.k, "results": results})
 
     return app
 

@@ -31,7 +31,8 @@ def service_url() -> str | None:
 def _get(url: str) -> dict[str, Any] | None:
     try:
         with urllib.request.urlopen(url, timeout=TIMEOUT_S) as response:
-            return json.loads(response.read())
+            answer: dict[str, Any] = json.loads(response.read())
+            return answer
     except (OSError, ValueError) as exc:  # refused, timed out, HTTP error, not JSON
         log.debug("serve client: %s: %s", uris.redact(url), exc)
         return None

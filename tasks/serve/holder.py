@@ -37,7 +37,7 @@ class IndexHolder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def search(self, served: LoadedIndex, queries: list[str], k: int) -> list[list[dict]]:
+    def search(self, served: LoadedIndex, queries: list[str], k: int) -> list[list[dict[str, Any]]]:
         """``served.search`` with ``search_threads`` OpenMP threads. The setting is the calling thread's own (an
         OpenMP thread count is per thread), so it is made in each request's thread; one thread by default:
         requests already run side by side, and a team per single query contends with the query encoder's

@@ -22,7 +22,7 @@ from tasks import cli
 from tasks.core import catalog, config, storage
 from tasks.core.catalog import IndexPointer, Pointer
 from tasks.serve import app as serve_app
-from tasks.serve.holder import IndexHolder
+from tasks.serve.holder import IndexHolder, describe
 from tasks.stages import build_index
 from tests.support.projected_store import distill_tiny, projected_store
 
@@ -112,6 +112,17 @@ def test_single_and_batched_queries(service):
     assert batch["results"][0][0]["text"] == TEXTS[7] and batch["results"][1][0]["text"] == TEXTS[42]
     everything = httpx.get(f"{service}/search", params={"q": "cats", "k": 1000}).json()
     assert len(everything["hits"]) == 300  # k beyond the corpus: every sentence, once
+
+
+def test_answers_are_the_holders_results_as_json(store):
+    holder = IndexHolder(store, 60)
+    with TestClient(serve_app.create_app(holder, poll=False)) as client:
+        single = client.get("/search", params={"q": TEXTS[7], "k": 3})
+        batch = client.post("/search", json={"queries": [TEXTS[7], "rain"], "k": 2})
+        served = holder.current
+        assert single.headers["content-type"] == "application/json"
+        assert single.json() == {**describe(served), "k": 3, "hits": served.search([TEXTS[7]], 3)[0]}
+        assert batch.json() == {**describe(served), "k": 2, "results": served.search([TEXTS[7], "rain"], 2)}
 
 
 @pytest.mark.parametrize(
