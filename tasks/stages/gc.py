@@ -8,7 +8,7 @@ last-modified time), then reads what is live:
 
 * every manifest object (``manifests/...``), and every input and output that each manifest lists;
 * both pointers (``models/current.json``, ``indexes/current.json``) and the objects they name;
-* the staged-id index (``staged_ids/index.json``) and the buckets it lists;
+* the staged-id index (``staged_ids/index.json``) and the segments it lists;
 * the checkpoint folder of every distill run whose ``latest.json`` exists, whole;
 * the lock file of an object that exists (a compare-and-swap may be holding it).
 
