@@ -7,7 +7,8 @@ search; wall time and peak RSS per stage and size, and the teacher encoding's pr
   Written as a gzip TSV (streamed), staged by ``stage_corpus.run`` with its default params.
 * Teacher embeddings: ``encode_teacher.run`` itself, its model swapped for :class:`SyntheticTeacher`
   (768-d, clustered low-rank + noise, unit norm, float32), so the shards and manifests are the stage's own;
-  timed as ``teacher_publish`` (the stage less the model).
+  timed as ``teacher_publish`` (the stage less the model). The teacher is the single 768-d
+  all-mpnet-base-v2 (``DEFAULT_TEACHER``) for the encoding and the PCA, not the stages' composite default.
 * PCA: ``fit_pca.run`` with its defaults (k=128, uncentered, every row, targets written).
 * Index: ``build_index.run`` needs a distilled student to encode the corpus (hours on this CPU at 1M), so
   its own pieces are driven with the projected targets of the PCA stage as the 128-d vectors: read,
@@ -159,20 +160,23 @@ def _stage(work: Path) -> dict[str, Any]:
 
 def _teacher_publish(work: Path) -> dict[str, Any]:
     from tasks.core import config
+    from tasks.ml.models import DEFAULT_TEACHER
     from tasks.stages import encode_teacher
     from tasks.stages.params import EncodeTeacherParams
 
     encode_teacher._load_encoder = lambda params: SyntheticTeacher()  # the model, and only it, swapped
-    result = encode_teacher.run(config.parse(EncodeTeacherParams, {"ingest_date": DAY, "store": _store(work)}))
+    values = {"ingest_date": DAY, "store": _store(work), "teacher": DEFAULT_TEACHER}
+    result = encode_teacher.run(config.parse(EncodeTeacherParams, values))
     return {"rows": result.stats["rows"], "shards": result.stats["shards"], "output_mb": _mb(_bytes(result))}
 
 
 def _pca(work: Path) -> dict[str, Any]:
     from tasks.core import config
+    from tasks.ml.models import DEFAULT_TEACHER
     from tasks.stages import fit_pca
     from tasks.stages.params import FitPCAParams
 
-    result = fit_pca.run(config.parse(FitPCAParams, {"store": _store(work), "k": K}))
+    result = fit_pca.run(config.parse(FitPCAParams, {"store": _store(work), "k": K, "teacher": DEFAULT_TEACHER}))
     return {
         "rows": result.stats["rows_fitted"],
         "explained_variance_ratio_sum": round(result.stats["explained_variance_ratio_sum"], 4),
