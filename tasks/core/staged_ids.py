@@ -143,14 +143,14 @@ def load(store: str, exclude_key: str) -> Index:
     document, etag = _read_document(store)
     recorded: dict[str, Entry] = document["partitions"] if document else {}
     entries: dict[str, Entry] = document["segments"] if document else {}
-    partitions = _reconciled(store, recorded, exclude_key)
+    partitions, read_now = _reconciled(store, recorded, exclude_key)
     stale = sorted(key for key, entry in partitions.items() if "segment" not in entry)
     holding: dict[str, set[str]] = {}  # segment -> the partitions whose ids in it count
     for key, entry in partitions.items():
         if "segment" in entry:
             holding.setdefault(entry["segment"], set()).add(key)
     with ThreadPoolExecutor(_READERS) as pool:
-        repaired = list(pool.map(lambda key: _partition_ids(store, key), stale))
+        repaired = list(pool.map(lambda key: _partition_ids(key, read_now[key]), stale))
         read = pool.map(lambda name: _read_segment(store, name, entries[name], holding[name]), holding)
         segments = dict(zip(holding, read, strict=True))
     return Index(partitions, segments, pl.concat([_empty(), *repaired]), etag)
@@ -176,10 +176,13 @@ def record(store: str, index: Index, key: str, published: manifest.Manifest, ids
     storage.compare_and_swap(index_uri(store), body.encode(), index.etag)
 
 
-def _reconciled(store: str, recorded: dict[str, Entry], exclude_key: str) -> dict[str, Entry]:
+def _reconciled(
+    store: str, recorded: dict[str, Entry], exclude_key: str
+) -> tuple[dict[str, Entry], dict[str, manifest.Manifest]]:
     """The entry of every partition with a published manifest but ``exclude_key``: as recorded when its
     manifest's version is the one recorded, else from the manifest (read), without a segment when the
-    manifest lists other shards than the index recorded (its ids are to be re-read)."""
+    manifest lists other shards than the index recorded (its ids are to be re-read); and the manifests
+    read, by partition."""
     listed = manifest.list_versions(store, Stage.STAGE_CORPUS)
     listed.pop(exclude_key, None)
     changed = sorted(
@@ -187,13 +190,13 @@ def _reconciled(store: str, recorded: dict[str, Entry], exclude_key: str) -> dic
     )
     entries = {key: recorded[key] for key in listed.keys() - set(changed)}
     with ThreadPoolExecutor(_READERS) as pool:
-        read = zip(changed, pool.map(lambda k: manifest.read(store, Stage.STAGE_CORPUS, k), changed), strict=True)
-        for key, found in read:
-            if found is not None:
-                entry = {"digest": outputs_digest(found), "manifest": listed[key]}
-                same = recorded.get(key, {}).get("digest") == entry["digest"]
-                entries[key] = {**recorded[key], **entry} if same else entry
-    return entries
+        found = zip(changed, pool.map(lambda k: manifest.read(store, Stage.STAGE_CORPUS, k), changed), strict=True)
+        read = {key: published for key, published in found if published is not None}
+    for key, published in read.items():
+        entry = {"digest": outputs_digest(published), "manifest": listed[key]}
+        same = recorded.get(key, {}).get("digest") == entry["digest"]
+        entries[key] = {**recorded[key], **entry} if same else entry
+    return entries, read
 
 
 def live(store: str) -> set[str]:
@@ -261,11 +264,9 @@ def _empty() -> pl.DataFrame:
     return pl.DataFrame(schema=SCHEMA)
 
 
-def _partition_ids(store: str, key: str) -> pl.DataFrame:
+def _partition_ids(key: str, published: manifest.Manifest) -> pl.DataFrame:
     """A partition's ids, read from its shards verified against its manifest."""
-    published = manifest.read(store, Stage.STAGE_CORPUS, key)
-    outputs = published.outputs if published else []
-    columns = [storage.read_parquet(o.uri, ["sentence_id"], o.sha256).column("sentence_id") for o in outputs]
+    columns = [storage.read_parquet(o.uri, ["sentence_id"], o.sha256).column("sentence_id") for o in published.outputs]
     ids = pl.Series("sentence_id", pa.chunked_array(columns, pa.string()) if columns else [], pl.String)
     return pl.DataFrame({"sentence_id": ids}).select(
         as_bytes(pl.col("sentence_id")), partition=pl.lit(key, pl.Categorical)
