@@ -12,7 +12,8 @@ search; wall time and peak RSS per stage and size, and the teacher encoding's pr
 * PCA: ``fit_pca.run`` with its defaults (k=128, uncentered, every row, targets written).
 * Index: ``build_index.run`` needs a distilled student to encode the corpus (hours on this CPU at 1M), so
   its own pieces are driven with the projected targets of the PCA stage as the 128-d vectors: read,
-  L2-normalised, ``choose_type("auto", n)``, ``factory_string`` with the default params, ``build``; recall@10
+  L2-normalised, ``choose_type("auto", n)``, ``factory_string`` with the default params, ``build``,
+  ``tune_search`` to the default ``target_recall`` on a sample of the vectors (``tune_s``); recall@10
   of 1,000 held-out queries (fresh synthetic teacher rows through the published projection) against exact
   search; single-query k=10 search latency (p50/p99 of 300, after 50 warm-up) through the index as built,
   with FAISS's default OpenMP threads and with one. The index's ``seconds`` include those measures; its
@@ -20,7 +21,8 @@ search; wall time and peak RSS per stage and size, and the teacher encoding's pr
 * Each stage runs in a fresh process (``python -m bench.scale --child``); wall seconds are around the
   stage call; peak RSS is that process's ``VmHWM``, reset once its imports are done (``rss_before_mb``: the
   RSS then). The 1-min load average is recorded before and after each stage: the machine is shared.
-* Teacher encoding: the packaged all-mpnet-base-v2 (bf16 autocast, batch 64) on 1,000 corpus sentences and
+* Teacher encoding: the packaged all-mpnet-base-v2 (encode-teacher's ``auto`` dtype: bf16 autocast where the
+  CPU runs bf16 natively, else fp32; batch 64) on 1,000 corpus sentences and
   1,000 sentences drawn as the largest size draws them; projected time = rows x seconds per sentence.
 
 Scratch data under ``var/bench/scale/<size>``, deleted after each size unless ``--keep``.
@@ -240,8 +242,11 @@ def _index(work: Path) -> dict[str, Any]:
     index_type = build_index.choose_type(params.index_type, len(vectors))
     factory = build_index.factory_string(index_type, len(vectors), K, params)
     start = time.perf_counter()
-    index = build_index.build(vectors, factory, params.nprobe)
+    index = build_index.build(vectors, factory, params.nprobe, params.refine_k_factor, params.hnsw_ef_search)
     build_s, build_peak = time.perf_counter() - start, status_mb("VmHWM")
+    start = time.perf_counter()
+    breadth = build_index.tune_search(index, build_index.RecallSample.of(vectors), params.target_recall)
+    tune_s = time.perf_counter() - start
     size = len(faiss.serialize_index(index))
     queries = _queries(_store(work))
     _, truth = faiss.knn(queries, vectors, 10, faiss.METRIC_INNER_PRODUCT)
@@ -256,6 +261,8 @@ def _index(work: Path) -> dict[str, Any]:
         "build_s": round(build_s, 3),
         "build_rows_per_s": round(len(vectors) / build_s),
         "peak_mb_to_build": build_peak,
+        "search_breadth": breadth,
+        "tune_s": round(tune_s, 3),
         "size_mb": _mb(size),
         "recall_at_10": round(float(recall), 4),
         **_latency(index, queries),
@@ -287,7 +294,7 @@ def _teacher(work: Path) -> dict[str, Any]:
     """Seconds per sentence of the real teacher on corpus sentences and on the largest size's mix."""
     import torch
 
-    from tasks.ml import models
+    from tasks.ml import models, precision
     from tasks.ml.encoder import SentenceEncoder
 
     torch.set_num_threads(len(os.sched_getaffinity(0)))
@@ -298,11 +305,13 @@ def _teacher(work: Path) -> dict[str, Any]:
     }
     start = time.perf_counter()
     encoder = SentenceEncoder.load(models.DEFAULT_TEACHER)
+    dtype = precision.resolve("auto", "cpu")  # as encode-teacher's default: bf16 only where the CPU has it natively
     found: dict[str, Any] = {"load_s": round(time.perf_counter() - start, 2), "threads": torch.get_num_threads()}
-    encoder.encode(samples["corpus"][:64], batch_size=64, dtype="bf16")  # warm-up
+    found["dtype"] = dtype
+    encoder.encode(samples["corpus"][:64], batch_size=64, dtype=dtype)  # warm-up
     for name, texts in samples.items():
         start = time.perf_counter()
-        encoder.encode(texts, batch_size=64, dtype="bf16")
+        encoder.encode(texts, batch_size=64, dtype=dtype)
         seconds = time.perf_counter() - start
         found[name] = {
             "sentences": len(texts),

@@ -5,8 +5,10 @@ The student is a published distill run (its exported sentence-transformers folde
 the L2-normalised vectors go into a FAISS inner-product index (cosine similarity) of the type the
 config names, or one chosen by size: exact ``flat`` up to 100k vectors, ``hnsw`` up to 1M,
 ``ivf_pq`` beyond (its candidates re-ranked on int8 codes unless ``refine`` says otherwise); ``ivf_flat``
-on request; ``sq8`` stores int8 codes instead of float32. The
-manifest records build time, bytes, queries/s at batch 1 and 64 and recall@10 against exact search.
+on request; ``sq8`` stores int8 codes instead of float32. An approximate index's search breadth (IVF
+``nprobe``, HNSW ``efSearch``) is doubled from its configured value until recall@10 against exact search,
+on a sample of the corpus as queries, reaches ``target_recall``; the value found is saved in the index. The
+manifest records build time, bytes, the search breadth, queries/s at batch 1 and 64 and recall@10.
 
 The index, its id map (``index_ids``) and the manifest are published under
 ``indexes/<name>/<fingerprint12>/``; only then does ``indexes/current.json`` move, by
@@ -34,6 +36,7 @@ from tasks.ml import student
 from tasks.stages.params import BuildIndexParams
 
 QUERY_SAMPLE = 200
+MAX_EF_SEARCH = 1024  # the widest HNSW search tuning tries
 _REFINE = {"none": "", "sq8": ",Refine(SQ8)", "flat": ",RFlat"}  # factory suffix of each IVF-PQ re-rank
 INDEX_FILE = "index.faiss"
 
@@ -209,10 +212,12 @@ def _write_index(
 
     with stage_run.phase("build"):
         start = time.perf_counter()
-        index = build(corpus.vectors, corpus.factory, params.nprobe, params.refine_k_factor)
+        index = build(corpus.vectors, corpus.factory, params.nprobe, params.refine_k_factor, params.hnsw_ef_search)
         build_seconds = time.perf_counter() - start
     with stage_run.phase("measure"):
-        stats = measure(index, corpus.vectors)
+        sample = RecallSample.of(corpus.vectors)
+        breadth = tune_search(index, sample, params.target_recall)
+        stats = {**breadth, **measure(index, sample)}
     body = faiss.serialize_index(index).tobytes()
     stage_run.write_output(storage.join(prefix, INDEX_FILE), body, rows=len(corpus.vectors))
     log.info(
@@ -236,9 +241,9 @@ def _write_index(
     }
 
 
-def build(vectors: np.ndarray, factory: str, nprobe: int, k_factor: float = 16.0):
-    """The index ``factory`` names over ``vectors``: IVF probing ``nprobe`` lists, a re-ranking one (``Refine``)
-    re-scoring ``k_factor`` times k candidates."""
+def build(vectors: np.ndarray, factory: str, nprobe: int, k_factor: float = 16.0, ef_search: int = 16):
+    """The index ``factory`` names over ``vectors``: IVF probing ``nprobe`` lists, HNSW keeping ``ef_search``
+    candidates, a re-ranking one (``Refine``) re-scoring ``k_factor`` times k candidates."""
     import faiss
 
     index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
@@ -247,33 +252,74 @@ def build(vectors: np.ndarray, factory: str, nprobe: int, k_factor: float = 16.0
     index.add(vectors)
     if factory.startswith("IVF"):
         faiss.extract_index_ivf(index).nprobe = nprobe
+    if hasattr(index, "hnsw"):
+        index.hnsw.efSearch = ef_search
     if isinstance(index, faiss.IndexRefine):
         index.k_factor = k_factor
     return index
 
 
-def measure(index, vectors: np.ndarray, k: int = 10) -> dict:
-    """Queries/s at batch 1 and 64 and recall@k against exact search, on a sample of the corpus."""
+@dataclass(frozen=True)
+class RecallSample:
+    """Queries drawn from the indexed vectors and their exact ``k`` nearest neighbours (inner product)."""
+
+    queries: np.ndarray
+    truth: np.ndarray
+    k: int
+
+    @classmethod
+    def of(cls, vectors: np.ndarray, k: int = 10) -> RecallSample:
+        import faiss
+
+        drawn = np.random.default_rng(0).choice(len(vectors), min(QUERY_SAMPLE, len(vectors)), replace=False)
+        queries = np.ascontiguousarray(vectors[drawn])
+        _, truth = faiss.knn(queries, vectors, k, faiss.METRIC_INNER_PRODUCT)
+        return cls(queries, truth, k)
+
+    def recall(self, index) -> float:
+        """The share of the exact neighbours ``index`` finds."""
+        _, found = index.search(self.queries, self.k)
+        return float(np.mean([len(set(f) & set(t)) / self.k for f, t in zip(found, self.truth, strict=True)]))
+
+
+def _breadth_knob(index) -> tuple[str, Any, str, int] | None:
+    """(name, object, attribute, largest value) of what widens ``index``'s search; None for an exact one."""
     import faiss
 
-    queries = vectors[np.random.default_rng(0).choice(len(vectors), min(QUERY_SAMPLE, len(vectors)), replace=False)]
-    exact = faiss.IndexFlatIP(vectors.shape[1])
-    exact.add(vectors)
-    _, truth = exact.search(queries, k)
+    if hasattr(index, "hnsw"):
+        return "ef_search", index.hnsw, "efSearch", MAX_EF_SEARCH
+    ivf = faiss.try_extract_index_ivf(index)
+    return None if ivf is None else ("nprobe", ivf, "nprobe", int(ivf.nlist))
+
+
+def tune_search(index, sample: RecallSample, target: float) -> dict[str, int]:
+    """Double ``index``'s search breadth from its current value until ``sample`` reaches ``target`` recall or
+    the breadth its limit (every list; :data:`MAX_EF_SEARCH`); the breadth kept: ``{"nprobe": n}`` or
+    ``{"ef_search": n}``, empty for an exact index."""
+    knob = _breadth_knob(index)
+    if knob is None:
+        return {}
+    name, owner, attribute, limit = knob
+    while getattr(owner, attribute) < limit and sample.recall(index) < target:
+        setattr(owner, attribute, min(2 * getattr(owner, attribute), limit))
+    return {name: int(getattr(owner, attribute))}
+
+
+def measure(index, sample: RecallSample) -> dict[str, float]:
+    """Queries/s at batch 1 and 64 and recall@k against exact search, on ``sample``."""
+    queries = sample.queries
     start = time.perf_counter()
     for row in queries:
-        index.search(row[None, :], k)
+        index.search(row[None, :], sample.k)
     qps_1 = len(queries) / (time.perf_counter() - start)
     start = time.perf_counter()
     for first in range(0, len(queries), 64):
-        _, found = index.search(queries[first : first + 64], k)
+        index.search(queries[first : first + 64], sample.k)
     qps_64 = len(queries) / (time.perf_counter() - start)
-    _, found = index.search(queries, k)
-    recall = np.mean([len(set(f) & set(t)) / k for f, t in zip(found, truth, strict=True)])
     return {
         "queries_per_s_batch1": round(qps_1, 1),
         "queries_per_s_batch64": round(qps_64, 1),
-        f"recall_at_{k}": round(float(recall), 4),
+        f"recall_at_{sample.k}": round(sample.recall(index), 4),
     }
 
 

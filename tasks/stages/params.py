@@ -198,8 +198,16 @@ class BuildIndexParams(StageParams):
     index_type: IndexType = Field("auto", description="auto chooses by corpus size")
     sq8: bool = Field(False, description="store int8 scalar-quantised codes instead of float32")
     hnsw_m: int = Field(32, gt=1)
+    hnsw_ef_search: int = Field(16, gt=0, description="HNSW candidates kept in a search (efSearch): the first tried")
     nlist: int | None = Field(None, gt=0, description="IVF lists (default: 4 sqrt(n))")
-    nprobe: int = Field(16, gt=0)
+    nprobe: int = Field(16, gt=0, description="IVF lists searched: the first tried")
+    target_recall: float = Field(
+        0.95,
+        ge=0,
+        le=1,
+        description="double nprobe (IVF) or efSearch (HNSW) until recall@10 on the measure sample reaches this; "
+        "0 keeps them as given",
+    )
     pq_m: int = Field(16, gt=0, description="IVF-PQ sub-quantisers (must divide the dimension)")
     pq_bits: int = Field(8, ge=1, le=12, description="IVF-PQ bits per sub-quantiser code")
     refine: Literal["none", "sq8", "flat"] = Field(

@@ -2,6 +2,8 @@ import logging
 import threading
 from datetime import date
 
+import faiss
+import numpy as np
 import pytest
 
 from tasks import cli
@@ -84,6 +86,29 @@ def test_the_ivf_pq_re_rank_recalls_more_than_pq_distances_alone(store):
         for refine in ("none", "sq8")
     }
     assert recall["sq8"] > recall["none"]
+
+
+def test_ivf_search_breadth_is_raised_until_the_target_recall_and_saved_in_the_index(store):
+    settings = {"index_type": "ivf_flat", "nlist": 16, "nprobe": 1, "promote": False}
+    as_given = _build(store, name="breadth-given", target_recall=0, **settings).stats
+    tuned = _build(store, name="breadth-tuned", target_recall=0.99, **settings)
+    assert as_given["nprobe"] == 1 and as_given["recall_at_10"] < 0.99
+    assert tuned.stats["nprobe"] > 1 and tuned.stats["recall_at_10"] >= 0.99
+    body = storage.read_bytes(tuned.manifest.output_named(build_index.INDEX_FILE).uri)
+    loaded = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))
+    assert faiss.extract_index_ivf(loaded).nprobe == tuned.stats["nprobe"]
+
+
+def test_hnsw_tuning_doubles_ef_search_until_the_recall_is_reached():
+    vectors = np.random.default_rng(3).standard_normal((3000, 32), dtype=np.float32)
+    faiss.normalize_L2(vectors)
+    index = build_index.build(vectors, "HNSW4,Flat", nprobe=1, ef_search=8)
+    sample = build_index.RecallSample.of(vectors)
+    before = sample.recall(index)
+    breadth = build_index.tune_search(index, sample, target=0.99)
+    assert before < 0.99 and breadth["ef_search"] in (16, 32, 64, 128, 256, 512, 1024)
+    assert sample.recall(index) >= 0.99 or breadth["ef_search"] == build_index.MAX_EF_SEARCH
+    assert build_index.tune_search(build_index.build(vectors, "Flat", nprobe=1), sample, target=0.99) == {}
 
 
 def test_auto_picks_by_size():
