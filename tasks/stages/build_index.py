@@ -7,8 +7,9 @@ config names, or one chosen by size: exact ``flat`` up to 100k vectors, ``hnsw``
 ``ivf_pq`` beyond (its candidates re-ranked on int8 codes unless ``refine`` says otherwise); ``ivf_flat``
 on request; ``sq8`` stores int8 codes instead of float32. An approximate index's search breadth (IVF
 ``nprobe``, HNSW ``efSearch``) is doubled from its configured value until recall@10 against exact search,
-on a sample of the corpus as queries, reaches ``target_recall``; the value found is saved in the index. The
-manifest records build time, bytes, the search breadth, queries/s at batch 1 and 64 and recall@10.
+on a sample of the corpus as queries (each one's own row left out), reaches ``target_recall``; the value
+found is saved in the index. The manifest records build time, bytes, the search breadth, queries/s at
+batch 1 and 64 and recall@10.
 
 The index, its id map (``index_ids``) and the manifest are published under
 ``indexes/<name>/<fingerprint12>/``; only then does ``indexes/current.json`` move, by
@@ -261,25 +262,36 @@ def build(vectors: np.ndarray, factory: str, nprobe: int, k_factor: float = 16.0
 
 @dataclass(frozen=True)
 class RecallSample:
-    """Queries drawn from the indexed vectors and their exact ``k`` nearest neighbours (inner product)."""
+    """Queries drawn from the indexed vectors, and each one's exact ``k`` nearest neighbours (inner product)
+    other than itself: an indexed vector finds itself almost always, which a new query cannot, so it is left
+    out of both sides."""
 
     queries: np.ndarray
-    truth: np.ndarray
+    rows: np.ndarray
+    truth: list[list[int]]
     k: int
 
     @classmethod
     def of(cls, vectors: np.ndarray, k: int = 10) -> RecallSample:
         import faiss
 
-        drawn = np.random.default_rng(0).choice(len(vectors), min(QUERY_SAMPLE, len(vectors)), replace=False)
-        queries = np.ascontiguousarray(vectors[drawn])
-        _, truth = faiss.knn(queries, vectors, k, faiss.METRIC_INNER_PRODUCT)
-        return cls(queries, truth, k)
+        rows = np.random.default_rng(0).choice(len(vectors), min(QUERY_SAMPLE, len(vectors)), replace=False)
+        queries = np.ascontiguousarray(vectors[rows])
+        _, truth = faiss.knn(queries, vectors, k + 1, faiss.METRIC_INNER_PRODUCT)
+        return cls(queries, rows, _others(truth, rows, k), k)
 
     def recall(self, index) -> float:
         """The share of the exact neighbours ``index`` finds."""
-        _, found = index.search(self.queries, self.k)
-        return float(np.mean([len(set(f) & set(t)) / self.k for f, t in zip(found, self.truth, strict=True)]))
+        _, found = index.search(self.queries, self.k + 1)
+        hits = [
+            len(set(f) & set(t)) / self.k for f, t in zip(_others(found, self.rows, self.k), self.truth, strict=True)
+        ]
+        return float(np.mean(hits))
+
+
+def _others(neighbours: np.ndarray, rows: np.ndarray, k: int) -> list[list[int]]:
+    """Each query's first ``k`` neighbours that are not its own row."""
+    return [[int(n) for n in found if n != own][:k] for found, own in zip(neighbours, rows, strict=True)]
 
 
 def _breadth_knob(index) -> tuple[str, Any, str, int] | None:

@@ -111,6 +111,16 @@ def test_hnsw_tuning_doubles_ef_search_until_the_recall_is_reached():
     assert build_index.tune_search(build_index.build(vectors, "Flat", nprobe=1), sample, target=0.99) == {}
 
 
+def test_the_recall_sample_leaves_each_query_out_of_its_own_neighbours():
+    vectors = np.random.default_rng(4).standard_normal((500, 16), dtype=np.float32)
+    faiss.normalize_L2(vectors)
+    sample = build_index.RecallSample.of(vectors, k=5)
+    assert all(len(truth) == 5 and own not in truth for truth, own in zip(sample.truth, sample.rows, strict=True))
+    assert sample.recall(build_index.build(vectors, "Flat", nprobe=1)) == 1.0
+    one_list = build_index.build(vectors, "IVF50,Flat", nprobe=1)  # finds each query, misses most of the rest
+    assert sample.recall(one_list) < 0.9
+
+
 def test_auto_picks_by_size():
     assert build_index.choose_type("auto", 50_000) == "flat"
     assert build_index.choose_type("auto", 500_000) == "hnsw"
