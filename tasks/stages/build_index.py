@@ -7,8 +7,8 @@ config names, or one chosen by size: exact ``flat`` up to 100k vectors, ``hnsw``
 ``ivf_pq`` beyond (its candidates re-ranked on int8 codes unless ``refine`` says otherwise); ``ivf_flat``
 on request; ``sq8`` stores int8 codes instead of float32. An approximate index's search breadth (IVF
 ``nprobe``, HNSW ``efSearch``) is doubled from its configured value until recall@10 against exact search,
-on a sample of the corpus as queries (each one's own row left out), reaches ``target_recall``; the value
-found is saved in the index. The manifest records build time, bytes, the search breadth, queries/s at
+on a sample of the corpus as queries (each one's own row left out), reaches ``target_recall`` or stops
+rising; the value found is saved in the index. The manifest records build time, bytes, the search breadth, queries/s at
 batch 1 and 64 and recall@10.
 
 The index, its id map (``index_ids``) and the manifest are published under
@@ -38,6 +38,7 @@ from tasks.stages.params import BuildIndexParams
 
 QUERY_SAMPLE = 200
 MAX_EF_SEARCH = 1024  # the widest HNSW search tuning tries
+MIN_RECALL_GAIN = 0.005  # a doubled search breadth that recalls less than this more is undone, and tuning stops
 _REFINE = {"none": "", "sq8": ",Refine(SQ8)", "flat": ",RFlat"}  # factory suffix of each IVF-PQ re-rank
 INDEX_FILE = "index.faiss"
 
@@ -305,15 +306,23 @@ def _breadth_knob(index) -> tuple[str, Any, str, int] | None:
 
 
 def tune_search(index, sample: RecallSample, target: float) -> dict[str, int]:
-    """Double ``index``'s search breadth from its current value until ``sample`` reaches ``target`` recall or
-    the breadth its limit (every list; :data:`MAX_EF_SEARCH`); the breadth kept: ``{"nprobe": n}`` or
+    """Double ``index``'s search breadth from its current value until ``sample`` reaches ``target`` recall, the
+    breadth its limit (every list; :data:`MAX_EF_SEARCH`), or a doubling gains less than :data:`MIN_RECALL_GAIN`
+    (undone: the codes, not the breadth, bound the recall then); the breadth kept: ``{"nprobe": n}`` or
     ``{"ef_search": n}``, empty for an exact index."""
     knob = _breadth_knob(index)
     if knob is None:
         return {}
     name, owner, attribute, limit = knob
-    while getattr(owner, attribute) < limit and sample.recall(index) < target:
-        setattr(owner, attribute, min(2 * getattr(owner, attribute), limit))
+    recall = sample.recall(index)
+    while recall < target and getattr(owner, attribute) < limit:
+        before = getattr(owner, attribute)
+        setattr(owner, attribute, min(2 * before, limit))
+        widened = sample.recall(index)
+        if widened - recall < MIN_RECALL_GAIN:
+            setattr(owner, attribute, before)
+            break
+        recall = widened
     return {name: int(getattr(owner, attribute))}
 
 

@@ -111,6 +111,18 @@ def test_hnsw_tuning_doubles_ef_search_until_the_recall_is_reached():
     assert build_index.tune_search(build_index.build(vectors, "Flat", nprobe=1), sample, target=0.99) == {}
 
 
+def test_tuning_stops_where_a_wider_search_no_longer_recalls_more():
+    vectors = np.random.default_rng(5).standard_normal((4000, 16), dtype=np.float32)
+    faiss.normalize_L2(vectors)
+    coarse = build_index.build(vectors, "IVF64,PQ2x4", nprobe=4)  # 1 byte a vector: the codes bound the recall
+    sample = build_index.RecallSample.of(vectors)
+    breadth = build_index.tune_search(coarse, sample, target=0.99)
+    kept = sample.recall(coarse)
+    assert kept < 0.99 and breadth["nprobe"] < 64
+    faiss.extract_index_ivf(coarse).nprobe = 2 * breadth["nprobe"]
+    assert sample.recall(coarse) - kept < build_index.MIN_RECALL_GAIN
+
+
 def test_the_recall_sample_leaves_each_query_out_of_its_own_neighbours():
     vectors = np.random.default_rng(4).standard_normal((500, 16), dtype=np.float32)
     faiss.normalize_L2(vectors)
