@@ -1,5 +1,6 @@
-"""bench/student_throughput.py on tiny models: int8 really quantises every Linear and stays close to fp32, the
-result has a row for every variant, the int8 rule decides as documented, a retrained student gets new score keys."""
+"""bench/student_throughput.py on tiny models: int8 really quantises every Linear and stays close to fp32, the ONNX
+graphs encode as the student does, the result has a row for every variant, the export rule decides as documented,
+a retrained student gets new score keys, the students come from published distill runs."""
 
 from __future__ import annotations
 
@@ -11,11 +12,14 @@ import pytest
 import torch
 
 from bench import distill_quality, student_throughput
+from tasks.core import storage
 from tasks.ml import sts, student
 from tasks.ml.encoder import SentenceEncoder
 from tests.support.tiny_models import build_sentence_model
 
-VARIANTS = [f"{model} {precision}" for model in ("MiniLM-L6", "MiniLM-L3") for precision in ("fp32", "bf16", "int8")]
+FLOATS = ("fp32", "bf16")
+PER_STUDENT = (*FLOATS, *student_throughput.EXPORTS)
+VARIANTS = [f"{model} {variant}" for model in ("MiniLM-L6", "MiniLM-L3") for variant in PER_STUDENT]
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +67,25 @@ def _pair_scorer(calls: list[str]) -> student_throughput.Scorer:
     return score
 
 
-def test_benchmark_has_every_variant_side_by_side(tiny: dict[str, Path]):
+def test_onnx_variants_encode_as_the_student_does(tiny: dict[str, Path], tmp_path: Path):
+    encoder = SentenceEncoder.load(str(tiny["MiniLM-L6"]))
+    graphs = student_throughput.onnx_variants(encoder, tmp_path)
+    assert set(graphs) == {"onnx fp32", "onnx int8"} and all(v.dim == 8 for v in graphs.values())
+    texts = student_throughput.corpus_sentences(40)
+    expected = encoder.encode(texts, batch_size=64)
+    np.testing.assert_allclose(graphs["onnx fp32"].encode(texts), expected, atol=1e-4)
+    int8 = graphs["onnx int8"].encode(texts)
+    assert sts.cosine(expected, int8).min() > 0.95 and not np.allclose(expected, int8, atol=1e-6)
+
+
+def test_benchmark_has_every_variant_side_by_side(tiny: dict[str, Path], tmp_path: Path):
     teacher = SentenceEncoder.load(str(tiny["teacher"]))
     students = {name: SentenceEncoder.load(str(tiny[name])) for name in ("MiniLM-L6", "MiniLM-L3")}
-    measured = student_throughput.variants(teacher, students)
-    keys = student_throughput.score_keys({name: tiny[name] for name in students})
+    measured = student_throughput.variants(teacher, students, tmp_path, floats=FLOATS)
+    keys = student_throughput.score_keys({name: tiny[name] for name in students}, floats=FLOATS, dtype="bf16")
     calls: list[str] = []
     texts = student_throughput.corpus_sentences(24)
-    details = student_throughput.benchmark(measured, texts, 2, keys, _pair_scorer(calls))
+    details = student_throughput.benchmark(measured, texts, 2, keys, _pair_scorer(calls), dtype="bf16")
     rows = details["table"]
     assert list(rows) == ["teacher fp32", "teacher bf16", *VARIANTS]
     assert calls == [keys[name] for name in rows if name != "teacher fp32"]  # the teacher is scored in bf16 only
@@ -83,8 +98,12 @@ def test_benchmark_has_every_variant_side_by_side(tiny: dict[str, Path]):
     pair = details["like_for_like"]
     assert (pair["ours"], pair["baseline"]) == ("MiniLM-L6 bf16", "teacher bf16")
     assert pair["ours_per_s"] == rows["MiniLM-L6 bf16"]["sentences_per_s"]
-    assert set(details["int8"]) == {"MiniLM-L6", "MiniLM-L3"}
-    assert all(isinstance(d["int8_worth_exporting"], bool) for d in details["int8"].values())
+    onnx = details["onnx_vs_pytorch_fp32"]["MiniLM-L3"]
+    assert (onnx["ours"], onnx["baseline"]) == ("MiniLM-L3 onnx fp32", "MiniLM-L3 fp32")
+    assert set(details["exports"]) == {"MiniLM-L6", "MiniLM-L3"}
+    for decisions in details["exports"].values():
+        assert set(decisions) == set(student_throughput.EXPORTS)
+        assert all(isinstance(d["worth_exporting"], bool) for d in decisions.values())
     assert set(details["load_average_1min"]) == {"start", "end"} and details["threads"] == torch.get_num_threads()
 
 
@@ -94,43 +113,62 @@ def _rows(fp32: float, bf16: float, int8: float, stsb: float, sick: float) -> di
         f"S {p}": {"sentences_per_s": speed, "STS-B test": 80.0, "SICK-R test": 70.0}
         for p, speed in (("fp32", fp32), ("bf16", bf16))
     }
-    return floats | {"S int8": {"sentences_per_s": int8, "STS-B test": stsb, "SICK-R test": sick}}
+    return floats | {"S onnx int8": {"sentences_per_s": int8, "STS-B test": stsb, "SICK-R test": sick}}
 
 
 @pytest.mark.parametrize(
     ("rows", "worth", "why"),
     [
         (_rows(100, 120, 150, 79.7, 69.8), True, "within 0.3 STS"),  # a loss of exactly 0.3 is allowed
-        (_rows(100, 120, 150, 81.0, 70.5), True, "faster"),  # a gain is no reason to refuse int8
+        (_rows(100, 120, 150, 81.0, 70.5), True, "faster"),  # a gain is no reason to refuse the export
         (_rows(100, 120, 150, 80.0, 69.69), False, "loses more than 0.3 STS on SICK-R test"),
         (_rows(100, 120, 110, 80.0, 70.0), False, "of S bf16 (not faster)"),  # faster than fp32 only
         (_rows(130, 120, 125, 80.0, 70.0), False, "of S fp32 (not faster)"),
     ],
 )
-def test_int8_decision(rows: dict[str, dict], worth: bool, why: str):
-    decision = student_throughput.int8_decision(rows, "S")
-    assert decision["int8_worth_exporting"] is worth and why in decision["why"]
+def test_export_decision(rows: dict[str, dict], worth: bool, why: str):
+    decision = student_throughput.export_decision(rows, "S", "onnx int8")
+    assert decision["worth_exporting"] is worth and why in decision["why"]
     assert decision["delta_vs_fp32"] == {
-        on: round(rows["S int8"][on] - rows["S fp32"][on], 2) for on in student_throughput.TEST_SETS
+        on: round(rows["S onnx int8"][on] - rows["S fp32"][on], 2) for on in student_throughput.TEST_SETS
     }
-    int8, fp32 = rows["S int8"]["sentences_per_s"], rows["S fp32"]["sentences_per_s"]
-    assert decision["speed_ratio_vs_fp32"] == round(int8 / fp32, 3)
+    candidate, fp32 = rows["S onnx int8"]["sentences_per_s"], rows["S fp32"]["sentences_per_s"]
+    assert decision["speed_ratio_vs_fp32"] == round(candidate / fp32, 3)
+
+
+def test_without_native_bf16_the_fastest_float_is_fp32():
+    rows = {name: row for name, row in _rows(100, 500, 150, 80.0, 70.0).items() if name != "S bf16"}
+    decision = student_throughput.export_decision(rows, "S", "onnx int8")
+    assert decision["fastest_float"] == "S fp32" and decision["worth_exporting"] is True
 
 
 def test_a_retrained_student_gets_new_score_keys(tiny: dict[str, Path], tmp_path: Path):
     copy = Path(shutil.copytree(tiny["MiniLM-L6"], tmp_path / "MiniLM-L6"))
-    before = student_throughput.score_keys({"MiniLM-L6": copy})
-    assert before == student_throughput.score_keys({"MiniLM-L6": tiny["MiniLM-L6"]})
+    before = student_throughput.score_keys({"MiniLM-L6": copy}, floats=FLOATS, dtype="bf16")
+    assert before == student_throughput.score_keys({"MiniLM-L6": tiny["MiniLM-L6"]}, floats=FLOATS, dtype="bf16")
     assert before["teacher bf16"] == "teacher" and len(set(before.values())) == len(before)
+    assert set(before) == {"teacher bf16", *(f"MiniLM-L6 {v}" for v in PER_STUDENT)}
     (copy / "2_Dense" / "model.safetensors").write_bytes(b"retrained")
-    after = student_throughput.score_keys({"MiniLM-L6": copy})
+    after = student_throughput.score_keys({"MiniLM-L6": copy}, floats=FLOATS, dtype="bf16")
     assert all(after[name] != before[name] for name in before if name.startswith("MiniLM"))
 
 
-def test_missing_students_say_how_to_make_them(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    monkeypatch.setattr(distill_quality, "STUDENTS", tmp_path)
+def test_missing_students_say_how_to_make_them(tmp_path: Path):
     with pytest.raises(SystemExit, match="python -m bench distill_quality"):
-        student_throughput.student_folders()
+        student_throughput.student_folders(storage.to_uri(str(tmp_path)), {"MiniLM-L6": "recipe-MiniLM-L6"})
+
+
+def test_students_come_from_the_runs_named(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    monkeypatch.setenv("HPD_BENCH_STUDENT_STORE", str(tmp_path / "store"))
+    monkeypatch.setenv("HPD_BENCH_STUDENT_RUNS", "MiniLM-L6=demo-student,MiniLM-L3=demo-l3")
+    store, runs = student_throughput.student_runs()
+    assert store == storage.to_uri(str(tmp_path / "store"))
+    assert runs == {"MiniLM-L6": "demo-student", "MiniLM-L3": "demo-l3"}
+    monkeypatch.delenv("HPD_BENCH_STUDENT_RUNS")
+    assert student_throughput.student_runs() == (
+        distill_quality.STORE,
+        {"MiniLM-L6": "recipe-MiniLM-L6", "MiniLM-L3": "recipe-MiniLM-L3"},
+    )
 
 
 def test_corpus_sentences_skip_the_header():

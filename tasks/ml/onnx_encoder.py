@@ -36,6 +36,7 @@ Variant = Literal["fp32", "int8"]
 FILES: dict[Variant, str] = {"int8": "onnx/encoder_int8.onnx", "fp32": "onnx/encoder.onnx"}
 MAX_INT8_LOSS = 0.3  # STS dev points (mean of STS-B dev and SICK-R dev, Spearman x100) int8 may lose
 OPSET = 17
+TRACED = "traced.onnx"  # the unfused graph's file name in build_graphs' scratch folder
 FUSED_ATOL = 1e-4  # the largest |difference| a fused fp32 graph may show from the traced one (_CHECK_TEXTS)
 _CHECK_TEXTS = [
     "a sentence to trace the graph with",
@@ -67,11 +68,8 @@ def export(encoder: SentenceEncoder, folder: Path, variant: Variant) -> dict[str
     try:
         scores = {"torch": sts.dev_score(on_cpu.eval().encode)}
         with tempfile.TemporaryDirectory(prefix="hpd-onnx-") as scratch:
-            traced = _trace(on_cpu, Path(scratch) / "traced.onnx")
-            graphs = {"fp32": _fused(on_cpu, traced, Path(scratch) / "encoder.onnx")}
-            fused = graphs["fp32"] != traced
-            if variant == "int8":
-                graphs["int8"] = _quantised(graphs["fp32"])
+            graphs = build_graphs(on_cpu, Path(scratch), int8=variant == "int8")
+            fused = graphs["fp32"].name != TRACED
             for name, graph in graphs.items():
                 scores[name] = sts.dev_score(OnnxEncoder(graph, on_cpu.tokenizer, on_cpu.max_seq_length).encode)
             kept: Variant = (
@@ -98,6 +96,15 @@ def export(encoder: SentenceEncoder, folder: Path, variant: Variant) -> dict[str
     }
 
 
+def build_graphs(encoder: SentenceEncoder, scratch: Path, int8: bool) -> dict[Variant, Path]:
+    """The graphs of ``encoder`` (on the CPU, in eval mode), written in ``scratch``: fp32 (fused when the fusions
+    hold, else as traced, named :data:`TRACED`) and, with ``int8``, its dynamic int8 quantisation."""
+    graphs: dict[Variant, Path] = {"fp32": _fused(encoder, _trace(encoder, scratch / TRACED), scratch / "encoder.onnx")}
+    if int8:
+        graphs["int8"] = _quantised(graphs["fp32"])
+    return graphs
+
+
 def _trace(encoder: SentenceEncoder, target: Path) -> Path:
     """The fp32 graph of ``encoder`` (in eval mode), written to ``target``; traced with the transformer's eager
     attention (the same arithmetic as SDPA, in the pattern :func:`_fused` recognises), then set back."""
@@ -118,7 +125,7 @@ def _export(encoder: SentenceEncoder, sample: dict[str, torch.Tensor], target: P
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation and tracer notes: the shapes are dynamic
         torch.onnx.export(
-            _Graph(encoder),
+            _Graph(encoder).train(encoder.training),  # the exporter sets the wrapper's mode back on all it holds
             (sample["input_ids"], sample["attention_mask"]),
             str(target),
             dynamo=False,

@@ -85,6 +85,14 @@ def test_export_leaves_a_training_student_in_training_mode(tmp_path: Path) -> No
     assert encoder.training
 
 
+@pytest.mark.parametrize("training", [False, True])
+def test_building_the_graphs_keeps_the_students_mode(tmp_path: Path, training: bool) -> None:
+    encoder, _ = _student(tmp_path)
+    graphs = onnx_encoder.build_graphs(encoder.train(training), tmp_path, int8=True)
+    assert set(graphs) == {"fp32", "int8"} and encoder.training is training
+    assert all(m.training is training for m in encoder.modules())
+
+
 def test_a_folder_without_a_graph_is_refused_by_name(tmp_path: Path) -> None:
     _, folder = _student(tmp_path)
     assert onnx_encoder.exported_graph(folder) is None
