@@ -141,7 +141,7 @@ class SentenceEncoder(torch.nn.Module):
     def load(cls, spec: str, device: str = "cpu", max_seq_length: int | None = None) -> SentenceEncoder:
         folder = models.resolve(spec)
         modules = _modules(folder)
-        transformer_dir = folder / modules.get("Transformer", "")
+        transformer_dir = transformer_folder(spec)
         bert_config = transformer_dir / "sentence_bert_config.json"
         configured_len = json.loads(bert_config.read_text()).get("max_seq_length") if bert_config.is_file() else None
         tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
@@ -260,6 +260,12 @@ def length_batches(
     for start in range(0, len(order), batch_size):
         positions = order[start : start + batch_size]
         yield positions, tokenizer.pad({"input_ids": [encoded[i] for i in positions]}, return_tensors=tensors)
+
+
+def transformer_folder(spec: str) -> Path:
+    """Where model ``spec``'s transformer (config, weights, tokenizer) lies."""
+    folder = models.resolve(spec)
+    return folder / _modules(folder).get("Transformer", "")
 
 
 def _modules(folder: Path) -> dict[str, str]:

@@ -11,14 +11,16 @@ Three initialisations of the head, which matter most at small training budgets:
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from transformers.utils import logging as transformers_logging
 
 from tasks.core import catalog, manifest, storage, uris
 from tasks.core.catalog import Stage
 from tasks.ml.choices import Activation, Init
-from tasks.ml.encoder import Dense, SentenceEncoder
+from tasks.ml.encoder import Dense, SentenceEncoder, transformer_folder
 
 MODEL_FOLDER = "model"  # the exported sentence-transformers folder inside a distill run's outputs
 ACTIVATIONS = {"tanh": "torch.nn.modules.activation.Tanh", "identity": "torch.nn.modules.linear.Identity"}
@@ -58,6 +60,31 @@ def build(
     encoder.dense = Dense(hidden, k, activation=ACTIVATIONS[activation]).to(encoder.device)
     encoder.normalize = False  # HPD regresses the raw head output onto the projected targets
     return encoder
+
+
+def as_sentence_transformer(encoder: SentenceEncoder) -> Any:
+    """A ``SentenceTransformer`` over ``encoder``'s own transformer and head: the same parameters (not copies),
+    the same embeddings, for sentence-transformers' trainer to train the encoder through."""
+    from sentence_transformers import SentenceTransformer
+    from sentence_transformers.sentence_transformer.modules import Dense as STDense
+    from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
+
+    verbosity = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_error()  # the load report of weights about to be replaced
+    try:
+        transformer = Transformer(str(transformer_folder(encoder.model_id)), max_seq_length=encoder.max_seq_length)
+    finally:
+        transformers_logging.set_verbosity(verbosity)
+    transformer.model = encoder.transformer
+    hidden = encoder.transformer.config.hidden_size
+    modules = [transformer, Pooling(hidden, pooling_mode=encoder.pooling.mode)]
+    if encoder.dense is not None:
+        linear = encoder.dense.linear
+        activation = torch.nn.Tanh() if encoder.dense.activation_name == ACTIVATIONS["tanh"] else torch.nn.Identity()
+        dense = STDense(hidden, linear.out_features, linear.bias is not None, activation_function=activation)
+        dense.linear = linear
+        modules.append(dense)
+    return SentenceTransformer(modules=modules, device=str(encoder.device))
 
 
 def _layer_stack(transformer: torch.nn.Module, spec: str) -> torch.nn.ModuleList:

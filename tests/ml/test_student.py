@@ -8,7 +8,9 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from tasks.core import catalog, manifest, storage
 from tasks.core.catalog import Stage
@@ -90,3 +92,24 @@ def test_local_files_maps_each_file_below_the_download_folder(tmp_path):
         (f"{folder}/modules.json", into.resolve() / "modules.json"),
         (f"{folder}/b.json", into.resolve() / "b.json"),  # normalised, still inside
     ]
+
+
+@pytest.mark.parametrize("activation", ["tanh", "identity"])
+def test_the_sentence_transformer_view_is_the_student(tmp_path, activation):
+    """The view encodes exactly as the student does and trains its very parameters: a cut student's layers,
+    its frozen flags and its head, not copies."""
+    from tests.support.tiny_models import build_sentence_model
+
+    folder = str(build_sentence_model(tmp_path / "student", layers=3, normalize=False))
+    encoder = student.build(folder, 8, activation, layers=2, dropout=0.0)
+    student.freeze(encoder, 1, folder)
+    view = student.as_sentence_transformer(encoder)
+    texts = ["A man is playing a guitar.", "short", "x y z " * 20]
+    np.testing.assert_array_equal(view.encode(texts, convert_to_numpy=True), encoder.encode(texts))
+    assert [id(p) for p in view.parameters()] == [id(p) for p in encoder.parameters()]
+    assert len(view[0].model.encoder.layer) == 2
+    frozen = [name for name, p in view.named_parameters() if not p.requires_grad]
+    assert frozen and all(".embeddings." in n or ".layer.0." in n for n in frozen)
+    with torch.no_grad():
+        encoder.dense.linear.bias.add_(1.0)  # a change to the student shows through the view
+    np.testing.assert_array_equal(view.encode(texts, convert_to_numpy=True), encoder.encode(texts))

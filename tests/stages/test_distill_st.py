@@ -30,18 +30,6 @@ def tiny(tmp_path_factory) -> str:
     return str(build_sentence_model(tmp_path_factory.mktemp("st") / "student", normalize=False))
 
 
-def _view(encoder):
-    """A SentenceTransformer over ``encoder``'s own transformer and head (shared parameters)."""
-    from sentence_transformers import SentenceTransformer
-    from sentence_transformers.sentence_transformer.modules import Dense, Pooling, Transformer
-
-    transformer = Transformer(encoder.model_id, max_seq_length=encoder.max_seq_length)
-    transformer.model = encoder.transformer
-    dense = Dense(32, K, activation_function=torch.nn.Tanh())
-    dense.linear = encoder.dense.linear
-    return SentenceTransformer(modules=[transformer, Pooling(32, pooling_mode="mean"), dense], device="cpu")
-
-
 class _Order(DefaultBatchSampler):
     """A seeded order per epoch, as the stage's sampler gives."""
 
@@ -132,7 +120,7 @@ def _run(tiny, tmp_path: Path, stop: int | None = None, payload: dict | None = N
         encoder.load_state_dict(payload["model"])
         optimizer.load_state_dict(payload["optimizer"])
         scheduler.load_state_dict(payload["scheduler"])
-    model = _view(encoder)
+    model = student.as_sentence_transformer(encoder)
     loss, stopper = _Loss(model), _StopAt(stop, encoder, optimizer, scheduler)
     trainer = _Resumable(
         model=model,
@@ -169,15 +157,6 @@ def test_a_resume_from_a_trainer_state_alone_continues_bit_for_bit(tiny, straigh
     assert len(first_errors) == stop and len(straight_errors) == STEPS
     assert first_errors + rest_errors == straight_errors
     assert all(torch.equal(straight[key], resumed[key]) for key in straight)
-
-
-def test_the_view_encodes_as_the_student_and_shares_its_parameters(tiny):
-    encoder = student.build(tiny, K, "tanh", None, 64, 0.0, "cpu")
-    model = _view(encoder)
-    texts = ["A man is playing a guitar.", "short", "x y z " * 20]
-    np.testing.assert_array_equal(model.encode(texts, convert_to_numpy=True), encoder.encode(texts))
-    shared = {id(p) for p in encoder.parameters()}
-    assert {id(p) for p in model.parameters()} == shared
 
 
 def test_shards_of_micro_batches_give_each_process_its_old_slice():
