@@ -14,6 +14,7 @@ from tasks.stages import distill
 from tasks.stages.distill.data import Position, TrainingData, length_grouped, shard_pairs
 from tasks.stages.distill.distributed import Distributed
 from tasks.stages.distill.objective import extra_loss
+from tasks.stages.distill.sampler import HPDBatchSampler, Order
 from tasks.stages.distill.state import TrainState
 from tests.stages.test_distill import _run_file, _values, _weights
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
@@ -129,3 +130,37 @@ def test_grouped_batches_resume_where_an_unbroken_epoch_would_be(prepared):
     for middle in (3, len(unbroken) // 2 + 1):  # within the first shard, and past the straddling batch
         resumed = list(data.batches(unbroken[middle - 1].next_position, 16, grouped=True))
         assert [b.texts for b in resumed] == [b.texts for b in unbroken[middle:]]
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["shuffled", "grouped"])
+def test_the_dataset_in_epoch_order_is_the_batch_stream(prepared, tmp_path, grouped):
+    """sentence-transformers' trainer takes the rows of each epoch in the order the batches came in."""
+    data = TrainingData(shard_pairs(prepared["store"], prepared["teacher"], PCA_NAME), 0, 0.15, 100)
+    dataset = data.training_dataset(tmp_path)
+    assert len(dataset) == data.train_rows and dataset.column_names == ["sentence", "label"]
+    for epoch in range(3):
+        order = data.epoch_order(epoch, 16, grouped)
+        batches = list(data.batches(Position(epoch), 16, grouped))
+        rows = dataset[order.tolist()]
+        assert rows["sentence"] == [t for b in batches for t in b.texts]
+        np.testing.assert_array_equal(
+            np.array(rows["label"], dtype=np.float32), np.concatenate([b.targets for b in batches])
+        )
+    assert list(data.epoch_order(0, 16, grouped)) != list(data.epoch_order(1, 16, grouped))
+
+
+def test_the_sampler_cuts_the_epoch_order_into_micro_batches(prepared, tmp_path):
+    data = TrainingData(shard_pairs(prepared["store"], prepared["teacher"], PCA_NAME), 0, 0.15, 100)
+    rows = data.train_rows
+    assert rows % 4  # a short last micro-batch
+    order = Order(data, global_batch=16, grouped=True)
+    sampler = HPDBatchSampler(range(rows), 4, False, order=order)
+    sampler.set_epoch(2)
+    cut = list(sampler)
+    assert len(cut) == len(sampler) == -(-rows // 4) and len(cut[-1]) == rows % 4
+    assert [i for b in cut for i in b] == data.epoch_order(2, 16, grouped=True).tolist()
+    two = HPDBatchSampler(range(rows), 4, True, order=Order(data, global_batch=16, grouped=True, world=2))
+    two.set_epoch(2)
+    kept = list(two)  # full micro-batches only, in whole rounds over both processes
+    assert len(kept) == len(two) == rows // 4 // 2 * 2 and {len(b) for b in kept} == {4}
+    assert kept == cut[: len(kept)]

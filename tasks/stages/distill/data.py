@@ -14,9 +14,12 @@ batch starts, so a resumed run sees exactly the batches an uninterrupted one wou
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import date
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -119,6 +122,7 @@ class TrainingData:
         self.pairs, self.seed, self.val_fraction = pairs, seed, val_fraction
         self.train_rows, val_texts, val_targets = 0, [], []
         self.train_counts: list[int] = []  # training rows per pair
+        self.train_lengths: list[np.ndarray] = []  # per pair, its training rows' text lengths (length grouping)
         self.dim = 0
         for pair in pairs:
             ids, texts, targets = read_pair(pair)
@@ -129,6 +133,7 @@ class TrainingData:
             self.dim = targets.shape[1]
             held_out = is_validation(ids, val_fraction, seed)
             self.train_counts.append(int((~held_out).sum()))
+            self.train_lengths.append(np.array([len(t) for t, h in zip(texts, held_out, strict=True) if not h]))
             self.train_rows += self.train_counts[-1]
             room = val_max_rows - len(val_texts)
             val_texts.extend([t for t, h in zip(texts, held_out, strict=True) if h][:room])
@@ -145,17 +150,13 @@ class TrainingData:
     def batches(self, start: Position, batch_size: int, grouped: bool = False) -> Iterator[Batch]:
         """Batches of ``batch_size`` training rows from ``start`` to the end of its epoch (last may be short);
         ``grouped``: each batch of sentences of similar length (see :func:`length_grouped`)."""
-        order = self._rng(start.epoch).permutation(len(self.pairs))
         texts: list[str] = []
         targets: list[np.ndarray] = []
-        for shard in range(start.shard, len(order)):
-            ids, shard_texts, shard_targets = read_pair(self.pairs[order[shard]])
-            train = np.flatnonzero(~is_validation(ids, self.val_fraction, self.seed))
-            rng = self._rng(start.epoch, int(order[shard]))
-            rows = train[rng.permutation(len(train))]
-            if grouped:  # the batch the previous shards left open is completed first, as in an unbroken epoch
-                carried = sum(self.train_counts[i] for i in order[:shard]) % batch_size
-                rows = length_grouped(rows, [len(shard_texts[r]) for r in rows], batch_size, carried, rng)
+        for shard, pair, local in self._shard_orders(start.epoch, batch_size, grouped):
+            if shard < start.shard:
+                continue
+            ids, shard_texts, shard_targets = read_pair(self.pairs[pair])
+            rows = np.flatnonzero(~is_validation(ids, self.val_fraction, self.seed))[local]
             first = start.row if shard == start.shard else 0
             for offset in range(first, len(rows)):
                 texts.append(shard_texts[rows[offset]])
@@ -165,6 +166,51 @@ class TrainingData:
                     texts, targets = [], []
         if texts:
             yield Batch(texts, np.stack(targets), Position(start.epoch + 1, 0, 0))
+
+    def epoch_order(self, epoch: int, batch_size: int, grouped: bool = False) -> np.ndarray:
+        """Epoch ``epoch``'s training rows as :meth:`training_dataset` indices, in the order :meth:`batches`
+        gives them (batches of ``batch_size``, ``grouped`` or not)."""
+        offsets = np.cumsum([0, *self.train_counts])
+        orders = [offsets[pair] + local for _, pair, local in self._shard_orders(epoch, batch_size, grouped)]
+        return np.concatenate(orders) if orders else np.zeros(0, dtype=np.int64)
+
+    def _shard_orders(self, epoch: int, batch_size: int, grouped: bool) -> Iterator[tuple[int, int, np.ndarray]]:
+        """(position in the epoch, pair index, order of the pair's training rows) of each shard of ``epoch``:
+        a seeded order of shards, of each shard's rows (and with ``grouped``, batches of like lengths, the
+        batch the previous shards left open completed first, as in an unbroken epoch)."""
+        order = self._rng(epoch).permutation(len(self.pairs))
+        for shard, pair in enumerate(int(p) for p in order):
+            rng = self._rng(epoch, pair)
+            local = rng.permutation(self.train_counts[pair])
+            if grouped:
+                carried = sum(self.train_counts[i] for i in order[:shard]) % batch_size
+                local = length_grouped(local, list(self.train_lengths[pair][local]), batch_size, carried, rng)
+            yield shard, pair, local
+
+    def training_dataset(self, scratch: Path) -> Any:
+        """The training rows (``sentence``, ``label``: the target) as a ``datasets.Dataset``, pair after pair
+        in file order (the indices :meth:`epoch_order` gives), in Arrow files under ``scratch`` (memory-mapped:
+        memory holds one shard at a time). Each pair is read again, verified."""
+        import datasets as hf_datasets
+
+        features = hf_datasets.Features(
+            {"sentence": hf_datasets.Value("string"), "label": hf_datasets.List(hf_datasets.Value("float32"), self.dim)}
+        )
+        bars = hf_datasets.is_progress_bar_enabled()
+        hf_datasets.disable_progress_bars()
+        try:
+            return hf_datasets.Dataset.from_generator(
+                self._training_rows, features=features, cache_dir=str(scratch), fingerprint=f"hpd-{uuid.uuid4().hex}"
+            )
+        finally:
+            if bars:
+                hf_datasets.enable_progress_bars()
+
+    def _training_rows(self) -> Iterator[dict[str, Any]]:
+        for pair in self.pairs:
+            ids, texts, targets = read_pair(pair)
+            for row in np.flatnonzero(~is_validation(ids, self.val_fraction, self.seed)):
+                yield {"sentence": texts[row], "label": targets[row]}
 
     def _after(self, epoch: int, shard: int, row: int, shard_rows: int) -> Position:
         if row < shard_rows:
