@@ -13,7 +13,7 @@ from tasks.ml.encoder import SentenceEncoder
 from tasks.stages import distill
 from tasks.stages.distill.data import Position, TrainingData, length_grouped, shard_pairs
 from tasks.stages.distill.distributed import Distributed
-from tasks.stages.distill.objective import extra_loss
+from tasks.stages.distill.objective import HPDLoss, extra_loss
 from tasks.stages.distill.sampler import HPDBatchSampler, Order
 from tasks.stages.distill.state import TrainState
 from tests.stages.test_distill import _run_file, _values, _weights
@@ -56,13 +56,46 @@ def test_extra_terms_vanish_on_perfect_outputs_and_grow_with_error(prepared):
     assert float(extra_loss(_trainer(prepared).params, collapsed, goal)) == 0.0
 
 
+def _hpd_gradient(trainer, texts, targets, micro_batches=1):
+    """The Dense head's gradient of :class:`HPDLoss` over ``texts`` cut into ``micro_batches``, each divided by
+    their count as the trainer divides it; with the summed squared error and rows the loss recorded."""
+    view = student.as_sentence_transformer(trainer.model)
+    loss = HPDLoss(view, trainer.params)
+    trainer.model.zero_grad()
+    size = len(texts) // micro_batches
+    for start in range(0, len(texts), size):
+        features = view.tokenize(texts[start : start + size])
+        (loss([features], torch.as_tensor(targets[start : start + size])) / micro_batches).backward()
+    return trainer.model.dense.linear.weight.grad.clone(), loss.take()
+
+
+@pytest.mark.parametrize("extra", [{}, {"cosine_weight": 1.0, "structure_weight": 0.5}], ids=["mse", "with-extras"])
+def test_the_loss_gradient_is_that_of_the_global_batch(prepared, extra):
+    """Two micro-batches of 8 give the gradient the loop this replaced took on the batch of 16: the squared
+    error summed over the batch, over k and the batch's size, plus the extra terms over the size (in-batch
+    structure: within each micro-batch)."""
+    trainer = _trainer(prepared, dropout=0.0, **extra)
+    batch = next(trainer.data.batches(trainer.state.position, 16))
+    gradient, (squared_error, rows) = _hpd_gradient(trainer, batch.texts, batch.targets, micro_batches=2)
+    trainer.model.zero_grad()
+    expected_error = 0.0
+    for half in (slice(0, 8), slice(8, 16)):
+        output = trainer.model(trainer.model.tokenize(batch.texts[half])).float()
+        goal = torch.as_tensor(batch.targets[half])
+        sse = ((output - goal) ** 2).sum()
+        ((sse / trainer.data.dim + extra_loss(trainer.params, output, goal)) / 16).backward()
+        expected_error += float(sse.detach())
+    torch.testing.assert_close(gradient, trainer.model.dense.linear.weight.grad, rtol=1e-5, atol=1e-7)
+    assert rows == 16 and squared_error == pytest.approx(expected_error, rel=1e-5)
+    assert HPDLoss(None, trainer.params).take() == (0.0, 0)
+
+
 def test_the_extra_terms_change_the_gradient(prepared):
     grads = {}
     for name, extra in (("mse", {}), ("cosine", {"cosine_weight": 1.0}), ("structure", {"structure_weight": 1.0})):
         trainer = _trainer(prepared, **extra)
         batch = next(trainer.data.batches(trainer.state.position, 16))
-        trainer._micro_step(batch.texts, batch.targets, len(batch.texts))
-        grads[name] = trainer.model.dense.linear.weight.grad.clone()
+        grads[name] = _hpd_gradient(trainer, batch.texts, batch.targets)[0]
     assert not torch.allclose(grads["mse"], grads["cosine"])
     assert not torch.allclose(grads["mse"], grads["structure"])
 

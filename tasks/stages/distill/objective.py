@@ -1,10 +1,40 @@
-"""The terms a distillation run may add to its MSE: a (1 - cosine) term and an in-batch similarity-structure term."""
+"""What a distillation run minimises: the MSE to the targets, plus optionally a (1 - cosine) term and an in-batch
+similarity-structure term; as a loss module for sentence-transformers' trainer (:class:`HPDLoss`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from tasks.stages.params import DistillParams
+
+
+class HPDLoss(torch.nn.Module):
+    """The loss of one micro-batch of ``n`` rows: its summed squared error over ``n * k`` plus the extra terms
+    over ``n``. The trainer divides it by the micro-batches of a step and DDP averages it over the processes,
+    so a step's gradient is that of the squared error summed over the global batch, over its size (plus the
+    extra terms, likewise). Records the summed squared error and the rows it covers (``squared_error``,
+    ``rows``) for the logged loss, which is the MSE alone; :meth:`take` reads and clears them."""
+
+    def __init__(self, model: Any, params: DistillParams) -> None:
+        super().__init__()
+        self.model, self.params = model, params  # ``model``: the trainer swaps in its DDP-wrapped one
+        self.squared_error, self.rows = 0.0, 0
+
+    def forward(self, features: list[dict[str, torch.Tensor]], labels: torch.Tensor) -> torch.Tensor:
+        output = self.model(features[0])["sentence_embedding"].float()
+        goal = labels.to(output)
+        sse = ((output - goal) ** 2).sum()
+        self.squared_error += float(sse.detach())
+        self.rows += len(output)
+        return (sse / output.shape[1] + extra_loss(self.params, output, goal)) / len(output)
+
+    def take(self) -> tuple[float, int]:
+        """The summed squared error and rows since the last call."""
+        taken = self.squared_error, self.rows
+        self.squared_error, self.rows = 0.0, 0
+        return taken
 
 
 def extra_loss(params: DistillParams, output: Any, goal: Any) -> Any:
