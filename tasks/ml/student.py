@@ -69,12 +69,15 @@ def as_sentence_transformer(encoder: SentenceEncoder) -> Any:
     from sentence_transformers.sentence_transformer.modules import Dense as STDense
     from sentence_transformers.sentence_transformer.modules import Pooling, Transformer
 
-    verbosity = transformers_logging.get_verbosity()
-    transformers_logging.set_verbosity_error()  # the load report of weights about to be replaced
+    verbosity, bars = transformers_logging.get_verbosity(), transformers_logging.is_progress_bar_enabled()
+    transformers_logging.set_verbosity_error()  # quietly: these weights are replaced at once
+    transformers_logging.disable_progress_bar()
     try:
         transformer = Transformer(str(transformer_folder(encoder.model_id)), max_seq_length=encoder.max_seq_length)
     finally:
         transformers_logging.set_verbosity(verbosity)
+        if bars:
+            transformers_logging.enable_progress_bar()
     transformer.model = encoder.transformer
     hidden = encoder.transformer.config.hidden_size
     modules = [transformer, Pooling(hidden, pooling_mode=encoder.pooling.mode)]

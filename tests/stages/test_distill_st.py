@@ -1,11 +1,12 @@
-"""What the distill stage relies on in sentence-transformers' trainer (pinned in requirements.lock): a
-resume through a ``trainer_state.json`` alone, with the checkpoint and RNG loading hooks overridden,
-continues a run bit for bit; accelerate's shards of a batch sampler give each process the rows our rank
-slicing gave it. An upgrade that breaks either fails here first."""
+"""What the distill stage relies on in sentence-transformers' trainer (pinned in requirements.lock): the
+hooks :class:`DistillSTTrainer` overrides exist with the same parameters; a resume through a
+``trainer_state.json`` alone, with those hooks, continues a run bit for bit; accelerate's shards of a batch
+sampler give each process the rows our rank slicing gave it. An upgrade that breaks any fails here first."""
 
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 from pathlib import Path
 
@@ -19,7 +20,8 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import TrainerState
 
 from tasks.ml import student
-from tasks.stages.distill.state import restore_rng, rng_states, seed_everything
+from tasks.stages.distill.st_trainer import DistillSTTrainer
+from tasks.stages.distill.state import rng_states, seed_everything
 from tests.support.tiny_models import build_sentence_model
 
 ROWS, K, BATCH, STEPS = 40, 8, 4, 12  # 10 batches an epoch: a run of 12 steps crosses an epoch's end
@@ -39,17 +41,6 @@ class _Order(DefaultBatchSampler):
 
     def __len__(self):
         return -(-len(self.sampler) // self.batch_size)
-
-
-class _Resumable(SentenceTransformerTrainer):
-    resume_rng: dict | None = None
-
-    def _load_from_checkpoint(self, path, model=None):
-        pass  # the weights come from our own checkpoint
-
-    def _load_rng_state(self, path):
-        if self.resume_rng is not None:
-            restore_rng(self.resume_rng)
 
 
 class _Loss(torch.nn.Module):
@@ -122,7 +113,7 @@ def _run(tiny, tmp_path: Path, stop: int | None = None, payload: dict | None = N
         scheduler.load_state_dict(payload["scheduler"])
     model = student.as_sentence_transformer(encoder)
     loss, stopper = _Loss(model), _StopAt(stop, encoder, optimizer, scheduler)
-    trainer = _Resumable(
+    trainer = DistillSTTrainer(
         model=model,
         args=_args(tmp_path),
         train_dataset=_dataset(),
@@ -175,3 +166,10 @@ def test_shards_of_micro_batches_give_each_process_its_old_slice():
                 old = list(range(start, start + batch // accum))
                 part = old[rank * len(old) // world : (rank + 1) * len(old) // world]
                 assert shard[step * accum + j] == part
+
+
+@pytest.mark.parametrize("hook", ["_load_from_checkpoint", "_load_rng_state", "add_model_card_callback"])
+def test_the_hooks_the_stage_overrides_exist_as_it_expects(hook):
+    ours, theirs = getattr(DistillSTTrainer, hook), getattr(SentenceTransformerTrainer, hook)
+    assert ours is not theirs
+    assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters)

@@ -1,8 +1,9 @@
 """The processes of a distillation run: rank and world size under torchrun, and what they exchange.
 
 Launched with torchrun (``torchrun --nproc-per-node N --no-python hpd distill ...``) each process
-trains on its slice of every global batch under DistributedDataParallel (NCCL on GPUs, gloo on
-CPU); rank 0 (the leader) writes checkpoints and the export.
+joins the process group (NCCL on GPUs, gloo on CPU) before sentence-transformers' trainer starts, which
+then joins it too and trains each process on its micro-batches under DistributedDataParallel; rank 0
+(the leader) writes checkpoints and the export.
 """
 
 from __future__ import annotations
@@ -31,14 +32,6 @@ class Distributed:
         reduced = torch.tensor([value], device=device)
         torch_dist.all_reduce(reduced)
         return float(reduced[0])
-
-    def wrap(self, model: Any) -> Any:
-        """``model`` under DistributedDataParallel when there are several processes."""
-        if self.world == 1:
-            return model
-        from torch.nn.parallel import DistributedDataParallel
-
-        return DistributedDataParallel(model, device_ids=[model.device] if model.device.type == "cuda" else None)
 
     def gather(self, value: Any) -> list[Any]:
         """Every process's ``value``, in rank order."""

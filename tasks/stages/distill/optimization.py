@@ -1,4 +1,5 @@
-"""The optimisation of a distillation run: AdamW, linear warm-up then linear decay, the AMP gradient scaler."""
+"""The optimisation of a distillation run: AdamW, linear warm-up then linear decay (the trainer clips the
+gradients and, with fp16, scales them)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,9 @@ from tasks.stages.params import DistillParams
 
 
 class Optimization:
-    """AdamW over the trained parameters (no weight decay on biases and LayerNorm weights), its schedule
-    and the fp16 gradient scaler."""
+    """AdamW over the trained parameters (no weight decay on biases and LayerNorm weights) and its schedule."""
 
-    def __init__(self, model: Any, params: DistillParams, total_steps: float, amp: str) -> None:
+    def __init__(self, model: Any, params: DistillParams, total_steps: float) -> None:
         import torch
 
         trained = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
@@ -28,35 +28,14 @@ class Optimization:
                 (s + 1) / max(warmup, 1) if s < warmup else max(0.0, (total_steps - s) / max(total_steps - warmup, 1))
             ),
         )
-        self.scaler = torch.amp.GradScaler("cuda", enabled=amp == "fp16")
-        self.max_grad_norm = params.max_grad_norm
 
     @property
     def lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
 
-    def backward(self, loss: Any) -> None:
-        self.scaler.scale(loss).backward()
-
-    def step(self, parameters: Any) -> None:
-        """Clip the accumulated gradients, take the optimizer and schedule steps, clear the gradients."""
-        import torch
-
-        self.scaler.unscale_(self.optimizer)
-        torch.nn.utils.clip_grad_norm_(parameters, self.max_grad_norm)
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
-
     def state_dict(self) -> dict[str, Any]:
-        return {
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "scaler": self.scaler.state_dict(),
-        }
+        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, states: dict[str, Any]) -> None:
         self.optimizer.load_state_dict(states["optimizer"])
         self.scheduler.load_state_dict(states["scheduler"])
-        self.scaler.load_state_dict(states["scaler"])

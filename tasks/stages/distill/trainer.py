@@ -1,17 +1,22 @@
-"""The training loop: the student learns to reproduce the projected teacher embeddings (HPD).
+"""A training run: the student learns to reproduce the projected teacher embeddings (HPD).
 
-MSE between the student's Dense(k) output and the targets, optionally plus a (1 - cosine) term and an
-in-batch similarity-structure term (the MSE between the student's and the targets' pairwise cosine
-matrices; under DDP within each process's share); the embeddings and lower layers may be frozen;
-AdamW with linear warmup and decay;
-gradient accumulation; AMP on CUDA (bf16, or fp16 with a gradient scaler) and optional bf16 autocast
-on CPU; validation every ``eval_every`` steps with early stopping and the best weights kept, by
+The steps are sentence-transformers' trainer's (:mod:`.st_trainer`); this run owns the rest. MSE between
+the student's Dense(k) output and the targets, optionally plus a (1 - cosine) term and an in-batch
+similarity-structure term (the MSE between the student's and the targets' pairwise cosine matrices, within
+each micro-batch of each process; :mod:`.objective`); the embeddings and lower layers may be frozen;
+AdamW with linear warmup and decay (:mod:`.optimization`); gradient accumulation; AMP (bf16: the trainer
+autocasts the whole forward pass, pooling and head included; fp16 on CUDA with the accelerator's gradient
+scaler); validation every ``eval_every`` steps with early stopping and the best weights kept, by
 validation MSE or by the mean STS-B/SICK-R dev score (``select_on``);
 with ``blend_initial``, blends ``(1 - a) * initial + a * final`` of the initial weights and those training
 ended with, scored after training, one exported instead of the best weights when it scores better
 (:mod:`.blending`);
-a checkpoint every ``checkpoint_every`` steps. Under DDP the loss is the sum of squared errors over
-the global batch, so N processes compute the same gradient as one.
+a checkpoint every ``checkpoint_every`` steps, which a rerun resumes exactly (weights, optimizer, schedule,
+every process's RNG states; the trainer skips the rows already trained). A step's gradient is that of the
+squared error summed over the global batch, over its size, so N processes compute the same gradient as
+one; with ``grad_accum``, an epoch's short last step averages its micro-batches' means instead. Under DDP an
+epoch trains only whole rounds of full micro-batches over the processes: the rest of its order is left out
+(logged with the plan).
 
 The run logs its plan, progress (rows, rate, ETA, step, mean training loss since the previous line, lr),
 every evaluation, each epoch's end, each blend and the export; under DDP only the leader logs them.
@@ -19,9 +24,10 @@ every evaluation, each epoch's end, each blend and the export; under DDP only th
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -29,12 +35,12 @@ import numpy as np
 from tasks.core import uris
 from tasks.core.progress import Progress
 from tasks.ml import metrics, sts, student
-from tasks.stages.distill import blending
+from tasks.stages.distill import blending, st_trainer
 from tasks.stages.distill.checkpoints import CheckpointError, Checkpoints
-from tasks.stages.distill.data import Batch, Position, TrainingData
+from tasks.stages.distill.data import Position, TrainingData
 from tasks.stages.distill.distributed import Distributed
-from tasks.stages.distill.objective import extra_loss
 from tasks.stages.distill.optimization import Optimization
+from tasks.stages.distill.sampler import micro_batches
 from tasks.stages.distill.state import TrainState, restore_rng, rng_states, seed_everything
 from tasks.stages.params import DistillParams
 
@@ -49,7 +55,8 @@ class DistillError(ValueError):
 
 
 class Trainer:
-    """One training run: model, optimiser, schedule, data position, checkpoints."""
+    """One training run: model, optimiser, schedule, data position, checkpoints (the steps themselves are taken
+    by sentence-transformers' trainer: :mod:`.st_trainer`)."""
 
     def __init__(
         self, params: DistillParams, data: TrainingData, device: str, dist: Distributed, fingerprint: str
@@ -59,11 +66,14 @@ class Trainer:
         seed_everything(params.seed)
         self.model = _build_student(params, data.dim, device)
         self.amp = {"auto": "bf16" if device == "cuda" else "off"}.get(params.amp, params.amp)
-        steps_per_epoch = math.ceil(data.train_rows / params.batch_size)
-        self.total_steps = min(params.max_steps or math.inf, params.epochs * steps_per_epoch)
+        self.micro_batch = _micro_batch(params, dist.world)
+        self.epoch_micro_batches = micro_batches(data.train_rows, self.micro_batch, dist.world, dist.world > 1)
+        steps_per_epoch = math.ceil(self.epoch_micro_batches / dist.world / params.grad_accum)
+        self.total_steps = int(min(params.max_steps or math.inf, params.epochs * steps_per_epoch))
         self.eval_every = params.eval_every or max(1, math.ceil(self.total_steps / EVALUATIONS))
-        self.optim = Optimization(self.model, params, self.total_steps, self.amp)
-        self.ddp = self.model  # wrapped in DDP once initialised or restored: see train()
+        self.optim = Optimization(self.model, params, self.total_steps)
+        self.scaler: Any = None  # the fp16 gradient scaler of the trainer's accelerator, while training
+        self.resumed: dict = {}  # what a resumed run restores once training starts: RNG and scaler states
         self.best_weights: dict | None = None
         self.initial_weights: dict | None = None  # on the CPU, kept only to blend with (blend_initial)
         self.final_weights: dict | None = None  # likewise: the weights training ended with
@@ -72,6 +82,8 @@ class Trainer:
         self.checkpoints = Checkpoints(params.store, params.name, fingerprint)
         self.log = log if dist.leader else _FOLLOWER_LOG
         self.losses_unreported: list[float] = []  # training losses since the last progress line
+        self.reporter: Progress | None = None
+        self.epoch_first_step = 0
 
     def restore_or_initialise(self, force: bool) -> dict:
         """Resume from the latest checkpoint of this run (same fingerprint), or initialise the head."""
@@ -94,85 +106,54 @@ class Trainer:
 
     def train(self, progress: bool) -> None:
         """Train until the step budget is spent or early stopping; then keep the best weights."""
-        self.ddp = self.dist.wrap(self.model)
         self.model.train()
         _log_plan(self)
-        with _progress(self, progress) as reporter:
-            while not self._finished():
-                self._epoch(reporter)
+        _log_dropped_tail(self)
+        with tempfile.TemporaryDirectory(prefix="hpd-distill-") as scratch, _progress(self, progress) as reporter:
+            self.reporter = reporter
+            if not self._finished():
+                st_trainer.fit(self, Path(scratch))
+        self.reporter, self.scaler = None, None
         self.model.eval()
         self.final_weights = blending.cpu_copy(self.model.state_dict()) if self.initial_weights is not None else None
         if self.best_weights is not None:
             self.model.load_state_dict(self.best_weights)
         self.exported = _exported(self)
 
-    def _epoch(self, reporter: Progress) -> None:
-        """Train from the current position to the end of its epoch, or until finished."""
-        state = self.state
-        epoch, first_step = state.position.epoch, state.step
-        for batch in self.data.batches(state.position, self.params.batch_size, self.params.length_grouped):
-            self._step(batch, reporter)
-            if self._finished():
-                break
-        if state.position.epoch == epoch and not self._finished():
-            state.position = Position(epoch + 1)  # the rest of the epoch held no training rows
-        if state.position.epoch > epoch:
-            _log_epoch(self, epoch, first_step)
-
     def _finished(self) -> bool:
         return self.state.step >= self.total_steps or self.state.stopped_early
 
-    def _step(self, batch: Batch, reporter: Progress) -> None:
-        """Train on one batch, then evaluate and checkpoint on schedule."""
+    def epoch_begins(self, step: int) -> None:
+        self.epoch_first_step = step
+
+    def step_ended(self, step: int, squared_error: float, rows: int) -> bool:
+        """Record step ``step`` (its summed squared error over ``rows`` rows, this process's), then evaluate and
+        checkpoint on schedule; True when the run stops early."""
         state = self.state
-        loss = self.train_step(batch)
+        rows = int(self.dist.sum(rows, self.model.device))
+        loss = self.dist.sum(squared_error, self.model.device) / (rows * self.data.dim)
         if not math.isfinite(loss):
             raise DistillError(
-                f"{self.params.name}: training loss is {loss} at step {state.step + 1} "
+                f"{self.params.name}: training loss is {loss} at step {step} "
                 f"(lr {self.optim.lr:.2e}); lower lr or check the targets"
             )
-        state.step += 1
-        state.position = batch.next_position
-        state.losses.append((state.step, loss))
-        _report(self, reporter, len(batch.texts), loss)
-        last = state.step >= self.total_steps
-        if state.step % self.eval_every == 0 or last:
+        state.step = step
+        state.losses.append((step, loss))
+        _report(self, rows, loss)
+        last = step >= self.total_steps
+        if step % self.eval_every == 0 or last:
             self._evaluate()
-        if state.step % self.params.checkpoint_every == 0 and not last:
+        if step % self.params.checkpoint_every == 0 and not last:
             self._save_checkpoint()
+        return bool(self.dist.gather(state.stopped_early)[0])  # the leader's decision
 
-    def train_step(self, batch: Batch) -> float:
-        """One optimizer step on a global batch; returns its mean squared error."""
-        rows = len(batch.texts)
-        micro = math.ceil(rows / self.params.grad_accum)
-        total = 0.0
-        for start in range(0, rows, micro):
-            # Under DDP, gradients are all-reduced once per step: on the last micro-batch only.
-            accumulate = self.dist.world > 1 and start + micro < rows
-            part = slice(start, start + micro)
-            with self.ddp.no_sync() if accumulate else contextlib.nullcontext():
-                total += self._micro_step(batch.texts[part], batch.targets[part], rows)
-        self.optim.step(self.model.parameters())
-        return self.dist.sum(total, self.model.device) / (rows * self.data.dim)
-
-    def _micro_step(self, texts: list[str], targets: np.ndarray, rows: int) -> float:
-        """Forward and backward of this rank's share of one micro-batch; returns its summed squared error."""
-        import torch
-
-        world, rank, k = self.dist.world, self.dist.rank, self.data.dim
-        local = slice(rank * len(texts) // world, (rank + 1) * len(texts) // world)
-        # A rank whose slice is empty (a short last batch) still joins DDP's gradient all-reduce,
-        # with one row weighted zero.
-        weight = 1.0 if local.stop > local.start else 0.0
-        local = local if weight else slice(0, 1)
-        features = self.model.tokenize(texts[local])
-        goal = torch.as_tensor(targets[local], device=self.model.device)
-        output = self.ddp(features, self.amp if self.amp != "off" else "fp32").float()
-        # The step's loss is the squared error summed over the global batch, divided by its size;
-        # DDP averages gradients over ranks, hence * world.
-        sse = ((output - goal) ** 2).sum() * weight
-        self.optim.backward((sse / k + extra_loss(self.params, output, goal) * weight) * world / rows)
-        return float(sse.detach())
+    def epoch_ends(self, step: int) -> None:
+        """Log an epoch trained to its end (not one cut short by the step budget or an early stop)."""
+        steps_per_epoch = math.ceil(self.epoch_micro_batches / self.dist.world / self.params.grad_accum)
+        if step > self.epoch_first_step and step % steps_per_epoch == 0:
+            epoch = step // steps_per_epoch - 1
+            self.state.position = Position(epoch + 1)
+            _log_epoch(self, epoch, self.epoch_first_step)
 
     def validate(self) -> dict:
         """Validation MSE and mean cosine against the targets (and the STS dev score when selecting on it)."""
@@ -199,6 +180,7 @@ def _checkpoint_payload(trainer: Trainer, rng: list[Any]) -> dict:
     return {
         "model": trainer.model.state_dict(),
         **trainer.optim.state_dict(),
+        "scaler": trainer.scaler.state_dict() if trainer.scaler is not None else {},
         "best_weights": trainer.best_weights,
         **initial,
         "state": trainer.state.to_dict(),
@@ -214,7 +196,8 @@ def _restore(trainer: Trainer, uri: str, payload: dict) -> None:
         trainer.best_weights = payload["best_weights"]
         trainer.initial_weights = payload["initial_weights"] if trainer.params.blend_initial else None
         trainer.state = TrainState.from_dict(payload["state"])
-        restore_rng(payload["rng"][trainer.dist.rank])
+        trainer.resumed = {"rng": payload["rng"][trainer.dist.rank], "scaler": payload["scaler"]}
+        restore_rng(trainer.resumed["rng"])  # a damaged state fails here; the trainer restores it again to train
     except Exception as exc:  # a damaged payload fails in many ways (shapes, missing keys, types)
         raise DistillError(
             f"{uri}: corrupted or incompatible checkpoint ({type(exc).__name__}: {exc}); "
@@ -260,6 +243,18 @@ def _latest_checkpoint(checkpoints: Checkpoints) -> tuple[dict, str, dict] | Non
         raise DistillError(f"{exc}; rerun with --force to start over") from None
 
 
+def _micro_batch(params: DistillParams, world: int) -> int:
+    """Rows of a micro-batch on each process: the global batch over ``grad_accum`` micro-batches and the
+    processes."""
+    parts = params.grad_accum * world
+    if params.batch_size % parts:
+        raise DistillError(
+            f"{params.name}: batch_size {params.batch_size} is not a multiple of grad_accum {params.grad_accum} "
+            f"times {world} process(es)"
+        )
+    return params.batch_size // parts
+
+
 def _build_student(params: DistillParams, dim: int, device: str) -> Any:
     model = student.build(
         params.student, dim, params.activation, params.student_layers, params.max_seq_length, params.dropout, device
@@ -271,16 +266,22 @@ def _build_student(params: DistillParams, dim: int, device: str) -> Any:
 def _progress(trainer: Trainer, bar: bool) -> Progress:
     """The run's progress in training rows, from where it (re)starts."""
     params = trainer.params
-    total = int(min(trainer.total_steps * params.batch_size, params.epochs * trainer.data.train_rows))
+    total = int(min(trainer.total_steps * params.batch_size, params.epochs * _epoch_rows(trainer)))
     done = min(trainer.state.step * params.batch_size, total)
     return Progress(f"distill {params.name}", total, done=done, bar=bar and trainer.dist.leader, logger=trainer.log)
 
 
-def _report(trainer: Trainer, reporter: Progress, rows: int, loss: float) -> None:
+def _epoch_rows(trainer: Trainer) -> int:
+    """Rows an epoch trains: all, but under DDP only whole rounds of full micro-batches over the processes."""
+    return min(trainer.data.train_rows, trainer.epoch_micro_batches * trainer.micro_batch)
+
+
+def _report(trainer: Trainer, rows: int, loss: float) -> None:
     """Count ``rows`` trained; a progress line carries the mean training loss since the previous one."""
     trainer.losses_unreported.append(loss)
     step = f"{trainer.state.step}/{trainer.total_steps}"
-    if reporter.update(rows, step=step, loss=float(np.mean(trainer.losses_unreported)), lr=trainer.optim.lr):
+    mean, reporter = float(np.mean(trainer.losses_unreported)), trainer.reporter
+    if reporter is not None and reporter.update(rows, step=step, loss=mean, lr=trainer.optim.lr):
         trainer.losses_unreported.clear()
 
 
@@ -308,6 +309,22 @@ def _log_plan(trainer: Trainer) -> None:
         params.freeze_layers,
         params.select_on,
     )
+
+
+def _log_dropped_tail(trainer: Trainer) -> None:
+    """Under DDP, the rows at the end of each epoch's order that fill no whole round of micro-batches."""
+    dropped = trainer.data.train_rows - _epoch_rows(trainer)
+    if dropped:
+        trainer.log.info(
+            "distill %s: each epoch trains %d of %d rows: under DDP the last %d of its order, short of a "
+            "micro-batch of %d rows on each of %d processes, are left out",
+            trainer.params.name,
+            _epoch_rows(trainer),
+            trainer.data.train_rows,
+            dropped,
+            trainer.micro_batch,
+            trainer.dist.world,
+        )
 
 
 def _log_epoch(trainer: Trainer, epoch: int, first_step: int) -> None:
