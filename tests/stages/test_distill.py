@@ -208,13 +208,12 @@ def test_a_progress_line_carries_the_mean_loss_since_the_previous_one(prepared, 
     assert final.startswith("distill mean-loss: finished ") and f", step=4/4, loss={mean:.4g}, lr=" in final
 
 
-def test_two_process_ddp_matches_single_process(prepared):
-    common = {"max_steps": 6, "dropout": 0.0, "init": "ridge", "batch_size": 16, "grad_accum": 2}
-    single = distill.run(_params(prepared, name="single", **common))
+def _torchrun(values, *extra):
+    """``hpd distill`` with ``values`` in two processes under torchrun (CPU, gloo)."""
     hpd = Path(sys.executable).parent / "hpd"
-    args = [f"--{k.replace('_', '-')}={v}" for k, v in _values(prepared, name="ddp", **common).items()]
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in values.items()]
     env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run(
+    return subprocess.run(
         [
             sys.executable,
             "-m",
@@ -227,18 +226,38 @@ def test_two_process_ddp_matches_single_process(prepared):
             str(hpd),
             "distill",
             *args,
-            "--quiet",
+            *extra,
         ],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_two_process_ddp_matches_single_process(prepared):
+    common = {"max_steps": 6, "dropout": 0.0, "init": "ridge", "batch_size": 16, "grad_accum": 2}
+    single = distill.run(_params(prepared, name="single", **common))
+    out = _torchrun(_values(prepared, name="ddp", **common), "--quiet")
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = json.loads(storage.read_bytes(_run_file(prepared["store"], "ddp", "metrics.json")))
     assert metrics["world_size"] == 2
     assert _max_diff(_weights(prepared["store"], "ddp"), _weights(prepared["store"], "single")) < 1e-4
     assert abs(metrics["best_val_mse"] - single.stats["best_val_mse"]) < 1e-6
+
+
+def test_two_processes_leave_out_each_epochs_tail_and_say_so(prepared):
+    """203 training rows in micro-batches of 8 on each of 2 processes: 12 whole rounds an epoch (192 rows, 12
+    steps), the last 11 rows of each epoch's order left out, and the run says so; nothing hangs at the tail."""
+    out = _torchrun(_values(prepared, name="ddp-tail", epochs=2, batch_size=16, init="random"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    metrics = json.loads(storage.read_bytes(_run_file(prepared["store"], "ddp-tail", "metrics.json")))
+    assert metrics["train_rows"] == 203 and metrics["steps"] == metrics["total_steps"] == 2 * 12
+    losses = storage.read_bytes(_run_file(prepared["store"], "ddp-tail", "losses.jsonl")).splitlines()
+    assert [json.loads(line)["step"] for line in losses] == list(range(1, 25))
+    said = "distill ddp-tail: each epoch trains 192 of 203 rows: under DDP the last 11 of its order"
+    assert said in out.stderr + out.stdout
+    assert "epoch 1/2 ended at step 12" in out.stderr + out.stdout
 
 
 def test_corrupted_checkpoint_is_named_and_nothing_is_published(prepared):
