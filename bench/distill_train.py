@@ -5,22 +5,24 @@ stage over the packaged teacher all-mpnet-base-v2, encoded in bf16 to keep the s
 the student's training steps are timed, so the teacher only supplies the targets), same student
 (all-MiniLM-L6-v2, sequences cut at 128 tokens, mean pooling, Dense(128, tanh), BERT pooler dropped),
 same batches in the same order (batch 64), same threads, same steps. Ours: the distillation stage's
-``Trainer.train_step``; baseline: ``SentenceTransformerTrainer`` + ``losses.MSELoss``
-(``bench/st_trainer_baseline.py``). Two like-for-like pairs, interleaved round by round
-(``bench/_paired.py``) after one untimed warm-up round: bf16 autocast on both sides (the headline) and
-fp32 on both. Every run builds a fresh student and excludes its first ``WARMUP`` steps from the timing.
+``Trainer.train`` (which trains through ``SentenceTransformerTrainer`` with the stage's sampler, loss,
+optimizer and schedule, and its own progress, evaluation and checkpoint hooks), clocked at the end of its
+steps; baseline: ``SentenceTransformerTrainer`` + ``losses.MSELoss`` (``bench/st_trainer_baseline.py``).
+Two like-for-like pairs, interleaved round by round (``bench/_paired.py``) after one untimed warm-up round:
+bf16 autocast on both sides (the headline) and fp32 on both; and ours with the stage's length-grouped
+order. Every run builds a fresh student and excludes its first ``WARMUP`` steps from the timing.
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from datetime import date
 from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +30,7 @@ from bench import _paired, results, st_trainer_baseline
 from tasks.core import config, storage
 from tasks.ml import models
 from tasks.stages import distill, encode_teacher, fit_pca, stage_corpus
-from tasks.stages.distill.data import Batch, Position, TrainingData, length_grouped, shard_pairs
+from tasks.stages.distill.data import Batch, Position, TrainingData, shard_pairs
 
 ROOT = Path(__file__).parents[1]
 SENTENCES, BATCH, WARMUP = 2_000, 64, st_trainer_baseline.WARMUP
@@ -38,20 +40,19 @@ THREADS = int(os.environ.get("HPD_BENCH_THREADS", len(os.sched_getaffinity(0))))
 DAY = date(2026, 1, 1)
 PCA = "k128-uncentered"
 BF16_MECHANISM = {
-    "ours": "DistillParams amp='bf16': torch.autocast('cpu', bfloat16) around the student's transformer "
-    "(SentenceEncoder.forward); pooling, Dense head and MSE in fp32; weights and optimizer fp32",
+    "ours": "DistillParams amp='bf16': the stage passes SentenceTransformerTrainingArguments(bf16=True), so "
+    "Accelerate autocasts the whole forward (transformer, pooling, Dense head); HPDLoss in fp32; weights and "
+    "optimizer fp32",
     "sentence-transformers": "SentenceTransformerTrainingArguments(bf16=True): Accelerate wraps the model's "
     "forward in torch.autocast('cpu', bfloat16) (transformer, pooling, Dense head), outputs cast to fp32 "
     "before MSELoss; weights and optimizer fp32",
 }
 DIFFERENCES = [
-    "bf16 autocast scope: ours covers the transformer only; sentence-transformers' covers pooling and the "
-    "Dense(384->128) head too (a negligible share of the compute)",
-    "optimizer implementation: ours torch.optim.AdamW with torch's CPU default (foreach/fused unset: the "
-    "per-tensor loop), the trainer its default optim (fused AdamW, last_run.st_*.optimizer); same "
-    "hyper-parameters (lr 1e-4, weight decay 0.01 off biases/LayerNorm, clip 1.0); last_run.optimizer_step "
-    "times one step of each, alone",
+    "optimizer: fused AdamW on both (ours built by the stage's Optimization, passed to the trainer); same "
+    "hyper-parameters (lr 1e-4, weight decay 0.01 off biases/LayerNorm, clip 1.0)",
     "LR schedule: ours linear decay over the stage's step budget, the trainer constant (no effect on speed)",
+    "per step, ours also records the step's loss and updates its progress line; its one evaluation runs "
+    "after the last timed step",
     "Dense head random init draws differ (PyTorch default init on both; no effect on speed)",
 ]
 
@@ -73,7 +74,7 @@ def _prepare(tmp: Path) -> tuple[str, str]:
     return store, teacher
 
 
-def _params(store: str, teacher: str, amp: str) -> distill.DistillParams:
+def _params(store: str, teacher: str, amp: str, grouped: bool) -> distill.DistillParams:
     return config.parse(
         distill.DistillParams,
         {
@@ -86,48 +87,37 @@ def _params(store: str, teacher: str, amp: str) -> distill.DistillParams:
             "device": "cpu",
             "threads": THREADS,
             "warmup_ratio": 0.0,
+            "length_grouped": grouped,
+            "max_steps": WARMUP + STEPS,
+            "eval_every": 10**6,  # the one evaluation, at the last step, is after the clock stops
+            "checkpoint_every": 10**6,
             "name": f"bench-{amp}",
         },
     )
 
 
-def _ours(store: str, teacher: str, data: TrainingData, batches: list[Batch], amp: str, notes: dict) -> float:
+class _Clocked(distill.Trainer):
+    """The stage's trainer, noting when each step ends (before the step's own evaluation or checkpoint)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.ends: dict[int, float] = {}
+
+    def step_ended(self, step: int, squared_error: float, rows: int) -> bool:
+        self.ends[step] = time.perf_counter()
+        return super().step_ended(step, squared_error, rows)
+
+
+def _ours(store: str, teacher: str, data: TrainingData, amp: str, grouped: bool, notes: dict) -> float:
     """Seconds of the timed steps of one fresh run of the distillation stage's trainer."""
     import torch
 
     torch.set_num_threads(THREADS)
-    trainer = distill.Trainer(_params(store, teacher, amp), data, "cpu", distill.Distributed(), "bench")
-    trainer.model.train()
-    for batch in batches[:WARMUP]:
-        trainer.train_step(batch)
-    start = time.perf_counter()
-    for batch in batches[WARMUP:]:
-        loss = trainer.train_step(batch)
-    seconds = time.perf_counter() - start
-    notes[f"ours_{'fp32' if amp == 'off' else amp}"] = {"final_loss": loss, "torch_threads": torch.get_num_threads()}
-    return seconds
-
-
-def _optimizer_steps(store: str, teacher: str, data: TrainingData) -> dict:
-    """Milliseconds of one AdamW step over the student's parameters: our stage's optimizer (as built by
-    ``Optimization``) against fused AdamW (the trainer's default), same groups and lr; interleaved, median."""
-    import torch
-
-    trainer = distill.Trainer(_params(store, teacher, "off"), data, "cpu", distill.Distributed(), "bench")
-    for p in trainer.model.parameters():
-        p.grad = torch.randn_like(p)
-    ours = trainer.optim.optimizer
-    groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in ours.param_groups]
-    optimizers = {"ours": ours, "fused": torch.optim.AdamW(groups, lr=ours.defaults["lr"], fused=True)}
-    ms: dict[str, list[float]] = {name: [] for name in optimizers}
-    for r in range(6):
-        for name, optimizer in optimizers.items():
-            start = time.perf_counter()
-            optimizer.step()
-            if r:  # the first step allocates the state
-                ms[name].append(1000 * (time.perf_counter() - start))
-    found = {f"{name}_ms": round(statistics.median(v), 1) for name, v in ms.items()}
-    return {**found, "ours_settings": {k: ours.defaults[k] for k in ("foreach", "fused")}}
+    trainer = _Clocked(_params(store, teacher, amp, grouped), data, "cpu", distill.Distributed(), "bench")
+    trainer.train(progress=False)
+    name = f"ours_{'grouped_' if grouped else ''}{'fp32' if amp == 'off' else amp}"
+    notes[name] = {"final_loss": trainer.state.losses[-1][1], "torch_threads": torch.get_num_threads()}
+    return trainer.ends[WARMUP + STEPS] - trainer.ends[WARMUP]
 
 
 def _theirs(batches: list[Batch], bf16: bool, notes: dict) -> float:
@@ -141,24 +131,14 @@ def _theirs(batches: list[Batch], bf16: bool, notes: dict) -> float:
     return found["seconds"]
 
 
-def _length_grouped(batches: list[Batch]) -> list[Batch]:
-    """The same rows, batched as ``length_grouped`` batches them (similar lengths together)."""
-    texts = [t for batch in batches for t in batch.texts]
-    targets = np.concatenate([batch.targets for batch in batches])
-    order = length_grouped(np.arange(len(texts)), [len(t) for t in texts], BATCH, 0, np.random.default_rng(0))
-    cuts = [order[i : i + BATCH] for i in range(0, len(order), BATCH)]
-    return [Batch([texts[i] for i in cut], targets[cut], Position()) for cut in cuts]
-
-
 def _variants(store: str, teacher: str, notes: dict) -> dict[str, Callable[[], float]]:
     data = TrainingData(shard_pairs(store, teacher, PCA), 0, 0.02, 64)
-    batches = list(islice(data.batches(Position(), BATCH), WARMUP + STEPS))
-    grouped = _length_grouped(batches[:WARMUP]) + _length_grouped(batches[WARMUP:])
+    batches = list(islice(data.batches(Position(), BATCH), WARMUP + STEPS))  # the stage's order, ungrouped
     return {
-        "ours_bf16": lambda: _ours(store, teacher, data, batches, "bf16", notes),
+        "ours_bf16": lambda: _ours(store, teacher, data, "bf16", False, notes),
         "st_bf16": lambda: _theirs(batches, True, notes),
-        "ours_grouped_bf16": lambda: _ours(store, teacher, data, grouped, "bf16", notes),
-        "ours_fp32": lambda: _ours(store, teacher, data, batches, "off", notes),
+        "ours_grouped_bf16": lambda: _ours(store, teacher, data, "bf16", True, notes),
+        "ours_fp32": lambda: _ours(store, teacher, data, "off", False, notes),
         "st_fp32": lambda: _theirs(batches, False, notes),
     }
 
@@ -178,16 +158,17 @@ def _details(seconds: dict[str, list[float]], notes: dict, loads: tuple[float, f
         "rounds": ROUNDS,
         "order": "interleaved: ours_bf16, st_bf16, ours_grouped_bf16, ours_fp32, st_fp32; reversed every other "
         "round; one untimed warm-up round first; each run a fresh student on the same batches (ours_grouped_bf16: "
-        "the same sentences, batched by length)",
+        "the first batches of the stage's length-grouped order)",
         "load_average_1min": {"start": loads[0], "end": loads[1]},
         "bf16_mechanism": BF16_MECHANISM,
         "bf16_vs_bf16": _paired.pair(seconds, "ours_bf16", "st_bf16", rows),
         "fp32_vs_fp32": _paired.pair(seconds, "ours_fp32", "st_fp32", rows),
         "length_grouped_bf16_vs_trainer_bf16": {
             **_paired.pair(seconds, "ours_grouped_bf16", "st_bf16", rows),
-            "comparison": "not same-batches: the same sentences, dtype, batch size, threads and steps, but ours "
-            "batches them by length (length_grouped, the stage's default) and the trainer draws random batches "
-            "(sentence-transformers has no length-grouping batch sampler)",
+            "comparison": "not same-batches: the same dtype, batch size, threads and steps, but ours takes the "
+            "first batches of the stage's length-grouped order (length_grouped, the stage's default: sentences of "
+            "like lengths together) and the trainer the rows in order (sentence-transformers has no "
+            "length-grouping batch sampler)",
         },
         "last_run": notes,
         "differences": DIFFERENCES,
@@ -200,8 +181,6 @@ def main() -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         store, teacher = _prepare(Path(tmp))
         seconds = _paired.interleaved(_variants(store, teacher, notes), ROUNDS, warmup_rounds=1)
-        data = TrainingData(shard_pairs(store, teacher, PCA), 0, 0.02, 64)
-        notes["optimizer_step"] = _optimizer_steps(store, teacher, data)
     details = _details(seconds, notes, (start_load, _paired.load_average()), teacher)
     bf16 = details["bf16_vs_bf16"]
     return results.write(

@@ -1,6 +1,6 @@
 """Baseline: sentence-transformers' own MSELoss distillation training throughput (CPU, fp32 or bf16).
 
-``SentenceTransformerTrainer`` (its extras ``datasets`` and ``accelerate`` are dev dependencies) with
+``SentenceTransformerTrainer`` (its extras ``datasets`` and ``accelerate``, which the stage needs too) with
 its default optimizer (AdamW, weight_decay=0.01), constant LR, grad-norm clip 1.0, on-the-fly
 tokenization in the collator, and ``bf16=True`` when asked (Accelerate wraps the model's forward in
 ``torch.autocast('cpu', bfloat16)``; weights stay fp32). The rows are consumed in the order given

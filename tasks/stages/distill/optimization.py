@@ -9,7 +9,8 @@ from tasks.stages.params import DistillParams
 
 
 class Optimization:
-    """AdamW over the trained parameters (no weight decay on biases and LayerNorm weights) and its schedule."""
+    """AdamW (fused) over the trained parameters (no weight decay on biases and LayerNorm weights) and its
+    schedule."""
 
     def __init__(self, model: Any, params: DistillParams, total_steps: float) -> None:
         import torch
@@ -20,6 +21,7 @@ class Optimization:
         self.optimizer = torch.optim.AdamW(
             [{"params": decayed, "weight_decay": params.weight_decay}, {"params": exempt, "weight_decay": 0.0}],
             lr=params.lr,
+            fused=True,  # one kernel over all tensors, as sentence-transformers' trainer steps by default
         )
         warmup = int(params.warmup_ratio * total_steps)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
