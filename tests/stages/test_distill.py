@@ -21,7 +21,7 @@ from tasks.ml import student
 from tasks.ml.encoder import SentenceEncoder
 from tasks.ml.onnx_encoder import OnnxEncoder
 from tasks.stages import distill
-from tasks.stages.distill.data import DistillDataError, ShardPair, read_pair, shard_pairs
+from tasks.stages.distill.data import DistillDataError, ShardPair, TrainingData, read_pair, shard_pairs
 from tests.support.paths import REPO, SUPPORT
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
 from tests.support.servers import free_port
@@ -260,6 +260,28 @@ def test_two_processes_leave_out_each_epochs_tail_and_say_so(prepared):
     assert "epoch 1/2 ended at step 12" in out.stderr + out.stdout
 
 
+def test_patience_stops_the_trainer_and_keeps_the_best_step(prepared, monkeypatch, caplog):
+    """Validation worsens after step 2: with patience 2 the run stops at the second evaluation without
+    improvement (step 4), the best weights being step 2's."""
+    scores = {0: 1.0, 1: 0.6, 2: 0.5, 3: 0.7, 4: 0.8}
+    monkeypatch.setattr(distill.Trainer, "validate", lambda self: {"val_mse": scores[self.state.step], "val_cosine": 0})
+    caplog.set_level(logging.INFO, logger="tasks")
+    result = distill.run(_params(prepared, init="random", eval_every=1, patience=2, name="patience"))
+    stats = result.stats
+    assert stats["stopped_early"] and stats["steps"] == 4 and stats["best_step"] == 2
+    losses = storage.read_bytes(_run_file(prepared["store"], "patience", "losses.jsonl")).splitlines()
+    assert len(losses) == 4
+    assert "distill patience: stopping early (patience 2)" in _trainer_lines(caplog)
+
+
+def test_a_batch_that_does_not_split_over_the_processes_is_named(prepared):
+    params = _params(prepared, batch_size=16, grad_accum=2)
+    data = TrainingData(shard_pairs(params.store, params.teacher, PCA_NAME), 0, params.val_fraction, 100)
+    with pytest.raises(distill.DistillError, match="batch_size 16 is not a multiple of grad_accum 2 times 3"):
+        distill.Trainer(params, data, "cpu", distill.Distributed(0, 3), "split")
+    assert distill.Trainer(params, data, "cpu", distill.Distributed(0, 2), "split").micro_batch == 4
+
+
 def test_corrupted_checkpoint_is_named_and_nothing_is_published(prepared):
     values = _values(prepared, max_steps=6, checkpoint_every=3, name="corrupt")
     params = config.parse(distill.DistillParams, values)
@@ -328,6 +350,25 @@ def _checkpointed_run(prepared, monkeypatch, name):
     _stopped_after_first_checkpoint(params, monkeypatch)
     latest = f"{prepared['store']}/students/{name}/checkpoints/latest.json"
     return params, latest, json.loads(storage.read_bytes(latest))
+
+
+def test_a_checkpoint_of_the_former_loop_resumes(prepared, monkeypatch):
+    """The former loop's payload: the same keys, its data position mid-shard and its disabled scaler's state;
+    the run resumes from its step and trains to the end."""
+    import torch
+
+    params, latest, pointer = _checkpointed_run(prepared, monkeypatch, "former-loop")
+    uri = f"{prepared['store']}/{pointer['key']}"
+    payload = torch.load(io.BytesIO(storage.read_bytes(uri)), weights_only=True)
+    payload["state"]["position"] = {"epoch": 0, "shard": 1, "row": 7}
+    payload["scaler"] = torch.amp.GradScaler("cuda", enabled=False).state_dict()
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    storage.write_bytes(uri, buffer.getvalue())
+    result = distill.run(params)
+    assert result.stats["init"]["resumed_from_step"] == 1 and result.stats["steps"] == 6
+    losses = storage.read_bytes(_run_file(prepared["store"], "former-loop", "losses.jsonl")).splitlines()
+    assert [json.loads(line)["step"] for line in losses] == list(range(1, 7))
 
 
 def _nothing_published(store, name):

@@ -63,13 +63,13 @@ class Trainer:
     ) -> None:
         self.params, self.data, self.dist = params, data, dist
         self.state = TrainState()
+        self.micro_batch = _micro_batch(params, dist.world)
         seed_everything(params.seed)
         self.model = _build_student(params, data.dim, device)
         self.amp = {"auto": "bf16" if device == "cuda" else "off"}.get(params.amp, params.amp)
-        self.micro_batch = _micro_batch(params, dist.world)
         self.epoch_micro_batches = micro_batches(data.train_rows, self.micro_batch, dist.world, dist.world > 1)
-        steps_per_epoch = math.ceil(self.epoch_micro_batches / dist.world / params.grad_accum)
-        self.total_steps = int(min(params.max_steps or math.inf, params.epochs * steps_per_epoch))
+        self.steps_per_epoch = math.ceil(self.epoch_micro_batches / dist.world / params.grad_accum)
+        self.total_steps = int(min(params.max_steps or math.inf, params.epochs * self.steps_per_epoch))
         self.eval_every = params.eval_every or max(1, math.ceil(self.total_steps / EVALUATIONS))
         self.optim = Optimization(self.model, params, self.total_steps)
         self.scaler: Any = None  # the fp16 gradient scaler of the trainer's accelerator, while training
@@ -143,15 +143,15 @@ class Trainer:
         last = step >= self.total_steps
         if step % self.eval_every == 0 or last:
             self._evaluate()
+            state.stopped_early = bool(self.dist.gather(state.stopped_early)[0])  # the leader's decision
         if step % self.params.checkpoint_every == 0 and not last:
             self._save_checkpoint()
-        return bool(self.dist.gather(state.stopped_early)[0])  # the leader's decision
+        return state.stopped_early
 
     def epoch_ends(self, step: int) -> None:
         """Log an epoch trained to its end (not one cut short by the step budget or an early stop)."""
-        steps_per_epoch = math.ceil(self.epoch_micro_batches / self.dist.world / self.params.grad_accum)
-        if step > self.epoch_first_step and step % steps_per_epoch == 0:
-            epoch = step // steps_per_epoch - 1
+        if step > self.epoch_first_step and step % self.steps_per_epoch == 0:
+            epoch = step // self.steps_per_epoch - 1
             self.state.position = Position(epoch + 1)
             _log_epoch(self, epoch, self.epoch_first_step)
 
