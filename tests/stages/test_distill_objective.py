@@ -197,3 +197,24 @@ def test_the_sampler_cuts_the_epoch_order_into_micro_batches(prepared, tmp_path)
     kept = list(two)  # full micro-batches only, in whole rounds over both processes
     assert len(kept) == len(two) == rows // 4 // 2 * 2 and {len(b) for b in kept} == {4}
     assert kept == cut[: len(kept)]
+
+
+@pytest.mark.parametrize(("amp", "autocast"), [("bf16", [torch.bfloat16] * 2), ("off", [None] * 2)])
+def test_bf16_autocasts_the_forward_pass_on_the_cpu(prepared, monkeypatch, amp, autocast):
+    """``amp=bf16``: the trainer runs the whole forward pass (transformer, pooling, head) under bf16 autocast."""
+    seen = []
+    forward = HPDLoss.forward
+
+    def autocast_dtype(module, inputs):
+        seen.append(torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else None)
+
+    def recorded(self, features, labels):  # notes the autocast the head (the last module) runs under
+        hook = self.model[-1].register_forward_pre_hook(autocast_dtype)
+        try:
+            return forward(self, features, labels)
+        finally:
+            hook.remove()
+
+    monkeypatch.setattr(HPDLoss, "forward", recorded)
+    result = distill.run(_params(prepared, amp=amp, max_steps=2, name=f"amp-{amp}"))
+    assert result.stats["amp"] == amp and result.stats["steps"] == 2 and seen == autocast
