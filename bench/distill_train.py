@@ -1,16 +1,18 @@
 """Student training throughput against sentence-transformers' trainer with its MSELoss, like for like.
 
 Same data (2,000 vendored corpus sentences with 128-d projected targets from the pipeline's PCA
-stage over the packaged teacher all-mpnet-base-v2, encoded in bf16 to keep the set-up short; only
+stage over the packaged teacher all-mpnet-base-v2, encoded in encode-teacher's ``auto`` dtype; only
 the student's training steps are timed, so the teacher only supplies the targets), same student
 (all-MiniLM-L6-v2, sequences cut at 128 tokens, mean pooling, Dense(128, tanh), BERT pooler dropped),
 same batches in the same order (batch 64), same threads, same steps. Ours: the distillation stage's
 ``Trainer.train`` (which trains through ``SentenceTransformerTrainer`` with the stage's sampler, loss,
 optimizer and schedule, and its own progress, evaluation and checkpoint hooks), clocked at the end of its
 steps; baseline: ``SentenceTransformerTrainer`` + ``losses.MSELoss`` (``bench/st_trainer_baseline.py``).
-Two like-for-like pairs, interleaved round by round (``bench/_paired.py``) after one untimed warm-up round:
-bf16 autocast on both sides (the headline) and fp32 on both; and ours with the stage's length-grouped
-order. Every run builds a fresh student and excludes its first ``WARMUP`` steps from the timing.
+Like-for-like pairs, interleaved round by round (``bench/_paired.py``) after one untimed warm-up round:
+bf16 autocast on both sides (the headline) and fp32 on both where the CPU runs bf16 natively (AVX-512 BF16 or
+AMX), fp32 on both elsewhere (emulated bf16 would time the emulation); and ours with the stage's
+length-grouped order at the headline dtype. Every run builds a fresh student and excludes its first
+``WARMUP`` steps from the timing.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from datetime import date
+from functools import partial
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -28,7 +31,7 @@ import numpy as np
 
 from bench import _paired, results, st_trainer_baseline
 from tasks.core import config, storage
-from tasks.ml import models
+from tasks.ml import models, precision
 from tasks.stages import distill, encode_teacher, fit_pca, stage_corpus
 from tasks.stages.distill.data import Batch, Position, TrainingData, shard_pairs
 
@@ -39,6 +42,9 @@ ROUNDS = int(os.environ.get("HPD_BENCH_ROUNDS", 5))
 THREADS = int(os.environ.get("HPD_BENCH_THREADS", len(os.sched_getaffinity(0))))
 DAY = date(2026, 1, 1)
 PCA = "k128-uncentered"
+TEACHER_DTYPE = precision.resolve("auto", "cpu")  # bf16 where the CPU runs it natively, else fp32
+HEADLINE = "bf16" if TEACHER_DTYPE == "bf16" else "fp32"  # the dtype of the headline pair
+DTYPES = ("bf16", "fp32") if HEADLINE == "bf16" else ("fp32",)
 BF16_MECHANISM = {
     "ours": "DistillParams amp='bf16': the stage passes SentenceTransformerTrainingArguments(bf16=True), so "
     "Accelerate autocasts the whole forward (transformer, pooling, Dense head); HPDLoss in fp32; weights and "
@@ -67,7 +73,7 @@ def _prepare(tmp: Path) -> tuple[str, str]:
     encode_teacher.run(
         config.parse(
             encode_teacher.EncodeTeacherParams,
-            {"store": store, "teacher": teacher, "ingest_date": DAY, "dtype": "bf16", "threads": THREADS},
+            {"store": store, "teacher": teacher, "ingest_date": DAY, "dtype": TEACHER_DTYPE, "threads": THREADS},
         )
     )
     fit_pca.run(config.parse(fit_pca.FitPCAParams, {"store": store, "teacher": teacher, "k": 128}))
@@ -134,21 +140,23 @@ def _theirs(batches: list[Batch], bf16: bool, notes: dict) -> float:
 def _variants(store: str, teacher: str, notes: dict) -> dict[str, Callable[[], float]]:
     data = TrainingData(shard_pairs(store, teacher, PCA), 0, 0.02, 64)
     batches = list(islice(data.batches(Position(), BATCH), WARMUP + STEPS))  # the stage's order, ungrouped
-    return {
-        "ours_bf16": lambda: _ours(store, teacher, data, "bf16", False, notes),
-        "st_bf16": lambda: _theirs(batches, True, notes),
-        "ours_grouped_bf16": lambda: _ours(store, teacher, data, "bf16", True, notes),
-        "ours_fp32": lambda: _ours(store, teacher, data, "off", False, notes),
-        "st_fp32": lambda: _theirs(batches, False, notes),
-    }
+    amp = {"bf16": "bf16", "fp32": "off"}
+    variants: dict[str, Callable[[], float]] = {}
+    for dtype in DTYPES:
+        variants[f"ours_{dtype}"] = partial(_ours, store, teacher, data, amp[dtype], False, notes)
+        variants[f"st_{dtype}"] = partial(_theirs, batches, dtype == "bf16", notes)
+        if dtype == HEADLINE:
+            variants[f"ours_grouped_{dtype}"] = partial(_ours, store, teacher, data, amp[dtype], True, notes)
+    return variants
 
 
 def _details(seconds: dict[str, list[float]], notes: dict, loads: tuple[float, float], teacher: str) -> dict:
     rows = STEPS * BATCH
+    pairs = {f"{dtype}_vs_{dtype}": _paired.pair(seconds, f"ours_{dtype}", f"st_{dtype}", rows) for dtype in DTYPES}
     return {
         "student": models.DEFAULT_STUDENT,
         "teacher": teacher,
-        "teacher_dtype": "bf16",
+        "teacher_dtype": TEACHER_DTYPE,
         "sentences": SENTENCES,
         "batch": BATCH,
         "max_seq_length": st_trainer_baseline.MAX_SEQ_LENGTH,
@@ -156,15 +164,14 @@ def _details(seconds: dict[str, list[float]], notes: dict, loads: tuple[float, f
         "warmup_steps": WARMUP,
         "threads": THREADS,
         "rounds": ROUNDS,
-        "order": "interleaved: ours_bf16, st_bf16, ours_grouped_bf16, ours_fp32, st_fp32; reversed every other "
-        "round; one untimed warm-up round first; each run a fresh student on the same batches (ours_grouped_bf16: "
-        "the first batches of the stage's length-grouped order)",
+        "order": f"interleaved: {', '.join(seconds)}; reversed every other round; one untimed warm-up round first; "
+        f"each run a fresh student on the same batches (ours_grouped_{HEADLINE}: the first batches of the stage's "
+        "length-grouped order)",
         "load_average_1min": {"start": loads[0], "end": loads[1]},
-        "bf16_mechanism": BF16_MECHANISM,
-        "bf16_vs_bf16": _paired.pair(seconds, "ours_bf16", "st_bf16", rows),
-        "fp32_vs_fp32": _paired.pair(seconds, "ours_fp32", "st_fp32", rows),
-        "length_grouped_bf16_vs_trainer_bf16": {
-            **_paired.pair(seconds, "ours_grouped_bf16", "st_bf16", rows),
+        **({"bf16_mechanism": BF16_MECHANISM} if "bf16" in DTYPES else {}),
+        **pairs,
+        f"length_grouped_{HEADLINE}_vs_trainer_{HEADLINE}": {
+            **_paired.pair(seconds, f"ours_grouped_{HEADLINE}", f"st_{HEADLINE}", rows),
             "comparison": "not same-batches: the same dtype, batch size, threads and steps, but ours takes the "
             "first batches of the stage's length-grouped order (length_grouped, the stage's default: sentences of "
             "like lengths together) and the trainer the rows in order (sentence-transformers has no "
@@ -182,13 +189,14 @@ def main() -> dict:
         store, teacher = _prepare(Path(tmp))
         seconds = _paired.interleaved(_variants(store, teacher, notes), ROUNDS, warmup_rounds=1)
     details = _details(seconds, notes, (start_load, _paired.load_average()), teacher)
-    bf16 = details["bf16_vs_bf16"]
+    headline = details[f"{HEADLINE}_vs_{HEADLINE}"]
+    mode = "bf16 autocast" if HEADLINE == "bf16" else "fp32"
     return results.write(
         "distill_train",
         unit="sentences/s",
-        ours=bf16["ours_per_s"],
-        baseline=bf16["baseline_per_s"],
-        baseline_name="sentence-transformers trainer + MSELoss (bf16 autocast, batch 64; like-for-like)",
+        ours=headline["ours_per_s"],
+        baseline=headline["baseline_per_s"],
+        baseline_name=f"sentence-transformers trainer + MSELoss ({mode}, batch 64; like-for-like)",
         higher_is_better=True,
         details=details,
     )
