@@ -199,6 +199,17 @@ def test_the_sampler_cuts_the_epoch_order_into_micro_batches(prepared, tmp_path)
     assert kept == cut[: len(kept)]
 
 
+def test_the_runs_epoch_wins_over_set_epoch(prepared):
+    """Under DDP a resumed trainer's ``set_epoch`` stops at accelerate's wrappers: the run's own epoch orders rows."""
+    data = TrainingData(shard_pairs(prepared["store"], prepared["teacher"], PCA_NAME), 0, 0.15, 100)
+    order = Order(data, global_batch=16, grouped=False, world=2, epoch_of=lambda: 1)
+    sampler = HPDBatchSampler(range(data.train_rows), 4, True, order=order)
+    assert sampler.epoch == 0  # a fresh sampler, as after a resume
+    rows = [i for batch in sampler for i in batch]
+    assert rows == data.epoch_order(1, 16, grouped=False)[: len(rows)].tolist()
+    assert rows != data.epoch_order(0, 16, grouped=False)[: len(rows)].tolist()
+
+
 @pytest.mark.parametrize(("amp", "autocast"), [("bf16", [torch.bfloat16] * 2), ("off", [None] * 2)])
 def test_bf16_autocasts_the_forward_pass_on_the_cpu(prepared, monkeypatch, amp, autocast):
     """``amp=bf16``: the trainer runs the whole forward pass (transformer, pooling, head) under bf16 autocast."""

@@ -6,11 +6,13 @@ rows on each of ``world`` processes; accelerate gives process r the micro-batche
 process trains on the contiguous slice of each micro-batch its rank took in the loop this replaced.
 With ``drop_last`` (which sentence-transformers forces under DDP: uneven shards would hang), only full
 micro-batches are kept, as many as make whole rounds over the processes: an epoch's tail is not trained.
+The run tells the sampler its epoch (``Order.epoch_of``): on a resume under DDP the trainer's ``set_epoch`` does
+not reach a sampler wrapped by both accelerate's shard and the skip of the rows already trained.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +30,7 @@ class Order:
     global_batch: int
     grouped: bool = False
     world: int = 1
+    epoch_of: Callable[[], int] | None = None  # the epoch being trained, when the run knows it better than set_epoch
 
 
 class HPDBatchSampler(DefaultBatchSampler):
@@ -40,7 +43,8 @@ class HPDBatchSampler(DefaultBatchSampler):
 
     def __iter__(self) -> Iterator[list[int]]:
         order = self.order
-        rows = order.data.epoch_order(self.epoch, order.global_batch, order.grouped)
+        epoch = order.epoch_of() if order.epoch_of is not None else self.epoch
+        rows = order.data.epoch_order(epoch, order.global_batch, order.grouped)
         for start in range(0, len(self) * self.batch_size, self.batch_size):
             yield rows[start : start + self.batch_size].tolist()
 

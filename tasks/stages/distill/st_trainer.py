@@ -96,7 +96,7 @@ def arguments(run: Trainer, output_dir: Path) -> SentenceTransformerTrainingArgu
     """The trainer's settings for ``run``: its steps, micro-batches and sampler, clipping, AMP and seed; no
     evaluation, saving, logging or reporting of the trainer's own (the run does those)."""
     params, world = run.params, run.dist.world
-    order = Order(run.data, params.batch_size, params.length_grouped, world)
+    order = Order(run.data, params.batch_size, params.length_grouped, world, epoch_of=run.current_epoch)
     return SentenceTransformerTrainingArguments(
         output_dir=str(output_dir),
         max_steps=run.total_steps,

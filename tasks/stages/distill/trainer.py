@@ -126,6 +126,10 @@ class Trainer:
     def epoch_begins(self, step: int) -> None:
         self.epoch_first_step = step
 
+    def current_epoch(self) -> int:
+        """The epoch being trained (0-based), from the step it began or resumed at."""
+        return self.epoch_first_step // self.steps_per_epoch
+
     def step_ended(self, step: int, squared_error: float, rows: int) -> bool:
         """Record step ``step`` (its summed squared error over ``rows`` rows, this process's), then evaluate and
         checkpoint on schedule; True when the run stops early."""
