@@ -168,11 +168,14 @@ def exported_prefix(store: str, run: str) -> str:
 
 def fetch_exported(store: str, run: str, into: Path) -> Path:
     """Download the exported student of distill run ``run`` into ``into``. Every file's URI comes from
-    the run's manifest, so each is checked before anything is downloaded (see :func:`local_files`)."""
+    the run's manifest, so each is checked before anything is downloaded (see :func:`local_files`), and its
+    bytes are verified against the digest the manifest records (:class:`~tasks.core.storage.IntegrityError`)."""
     published, folder = _published_model(store, run)
-    for uri, path in local_files([o.uri for o in published.outputs], folder, into):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(storage.read_bytes(uri))
+    checked = [(o.sha256, local_files([o.uri], folder, into)) for o in published.outputs]
+    for sha256, files in checked:
+        for uri, path in files:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(storage.read_bytes(uri, sha256=sha256))
     return into
 
 

@@ -49,6 +49,14 @@ def test_fetch_exported_downloads_the_model_folder(store_root, tmp_path):
     assert (into / "1_Pooling" / "config.json").read_bytes() == b"body of 1_Pooling/config.json"
 
 
+def test_fetch_exported_refuses_a_file_that_is_not_what_was_published(store_root, tmp_path):
+    folder = _publish(store_root, "tampered", MODEL_FILES)
+    storage.write_bytes(f"{folder}/config.json", b"replaced after publishing")
+    with pytest.raises(storage.IntegrityError, match=re.escape(f"{folder}/config.json")):
+        student.fetch_exported(store_root, "tampered", tmp_path / "into")
+    assert not (tmp_path / "into" / "config.json").exists()
+
+
 def test_fetch_exported_refuses_an_output_escaping_the_model_folder(store_root, tmp_path):
     """A stage cannot publish such an output (the writer refuses it); a manifest planted with one is refused
     when it is read, naming the bad entry, before anything is downloaded."""
