@@ -2,8 +2,8 @@
 
 :func:`export` traces a :class:`~tasks.ml.encoder.SentenceEncoder` with PyTorch's TorchScript-based ONNX
 exporter (opset 17; ``input_ids`` and ``attention_mask`` in, ``sentence_embedding`` out, batch and sequence
-lengths dynamic). ``int8`` then quantises the weights of its matrix products with ONNX Runtime's dynamic
-quantisation (activations are quantised on the fly), and is kept only if it scores within
+lengths dynamic). ``int8`` then quantises the weights of its matrix products (per output channel, 7 bits)
+with ONNX Runtime's dynamic quantisation (activations are quantised on the fly), and is kept only if it scores within
 :data:`MAX_INT8_LOSS` of the PyTorch model on the STS dev sets; otherwise the fp32 graph is kept. The graph
 lives in the exported sentence-transformers folder (``onnx/``), beside the weights it was traced from.
 The transformer is traced with its eager attention, whose MatMul/Softmax pattern ONNX Runtime's BERT fusions
@@ -165,13 +165,22 @@ def _fused(encoder: SentenceEncoder, traced: Path, target: Path) -> Path:
 
 
 def _quantised(traced: Path) -> Path:
+    """``traced`` with int8 weights, one scale per output channel, in 7 bits (``reduce_range``: the u8 x s8
+    products of CPUs without VNNI saturate with 8-bit weights), written beside it. On the demo student
+    (STS dev, mean of STS-B and SICK-R): fp32 82.67, one scale per matrix 82.31, per channel 82.53, per channel
+    in 7 bits 82.56."""
     from onnx import TensorProto
     from onnxruntime.quantization import QuantType, quantize_dynamic  # type: ignore[import-untyped]
 
     target = traced.with_name("encoder_int8.onnx")
     # DefaultTensorType: shape inference does not type the outputs of the fused (com.microsoft) operators
     quantize_dynamic(
-        str(traced), str(target), weight_type=QuantType.QInt8, extra_options={"DefaultTensorType": TensorProto.FLOAT}
+        str(traced),
+        str(target),
+        weight_type=QuantType.QInt8,
+        per_channel=True,
+        reduce_range=True,
+        extra_options={"DefaultTensorType": TensorProto.FLOAT},
     )
     return target
 

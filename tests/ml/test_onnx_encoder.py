@@ -60,11 +60,22 @@ def test_int8_is_kept_within_the_bound(tmp_path: Path, monkeypatch: pytest.Monke
     assert record["variant"] == "int8" and set(record["sts_dev"]) == {"torch", "fp32", "int8"}
     assert not (folder / onnx_encoder.FILES["fp32"]).exists()
     assert record["fused"] and {"QAttention", "DynamicQuantizeLinear"} <= _ops(folder / record["file"])
+    _assert_weights_per_channel_in_7_bits(folder / record["file"])
     graph = OnnxEncoder.load(folder)
     assert graph.variant == "int8"
     int8, fp32 = graph.encode(TEXTS), encoder.encode(TEXTS)
     cosine = (int8 * fp32).sum(1) / np.linalg.norm(int8, axis=1) / np.linalg.norm(fp32, axis=1)
     assert (cosine > 0.9).all() and not np.allclose(int8, fp32, atol=1e-5)
+
+
+def _assert_weights_per_channel_in_7_bits(graph: Path) -> None:
+    """Every int8 weight matrix has one scale per output column and values in [-64, 64]."""
+    arrays = {init.name: onnx.numpy_helper.to_array(init) for init in onnx.load(str(graph)).graph.initializer}
+    weights = {name: a for name, a in arrays.items() if name.endswith("_quantized") and a.dtype == np.int8}
+    assert len(weights) >= 2 * 2 + 1  # per layer the attention's and the feed-forward's; the Dense head
+    for name, weight in weights.items():
+        assert arrays[name.removesuffix("_quantized") + "_scale"].shape == (weight.shape[1],), name
+        assert np.abs(weight.astype(int)).max() <= 64, name
 
 
 def test_int8_beyond_the_bound_falls_back_to_fp32(
