@@ -12,6 +12,7 @@ from datetime import date
 from pathlib import Path
 
 import numpy as np
+import psutil
 import pyarrow as pa
 import pytest
 from safetensors.numpy import load
@@ -208,40 +209,38 @@ def test_a_progress_line_carries_the_mean_loss_since_the_previous_one(prepared, 
     assert final.startswith("distill mean-loss: finished ") and f", step=4/4, loss={mean:.4g}, lr=" in final
 
 
+def _torchrun_command(*program):
+    """torchrun starting ``program`` in two processes (CPU, gloo), and the environment to run it in."""
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc-per-node=2",
+        "--nnodes=1",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        *program,
+    ]
+    return command, env
+
+
 def _torchrun(values, *extra):
     """``hpd distill`` with ``values`` in two processes under torchrun (CPU, gloo)."""
     hpd = Path(sys.executable).parent / "hpd"
     args = [f"--{k.replace('_', '-')}={v}" for k, v in values.items()]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nproc-per-node=2",
-            "--nnodes=1",
-            "--master-addr=127.0.0.1",
-            f"--master-port={free_port()}",
-            "--no-python",
-            str(hpd),
-            "distill",
-            *args,
-            *extra,
-        ],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    command, env = _torchrun_command("--no-python", str(hpd), "distill", *args, *extra)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_two_process_ddp_matches_single_process(prepared):
-    common = {"max_steps": 6, "dropout": 0.0, "init": "ridge", "batch_size": 16, "grad_accum": 2}
+    common = {"max_steps": 6, "eval_every": 6, "dropout": 0.0, "init": "random", "batch_size": 16, "grad_accum": 2}
     single = distill.run(_params(prepared, name="single", **common))
     out = _torchrun(_values(prepared, name="ddp", **common), "--quiet")
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = json.loads(storage.read_bytes(_run_file(prepared["store"], "ddp", "metrics.json")))
     assert metrics["world_size"] == 2
+    assert metrics["best_step"] == single.stats["best_step"] == 6  # trained weights compared, not initial ones
     assert _max_diff(_weights(prepared["store"], "ddp"), _weights(prepared["store"], "single")) < 1e-4
     assert abs(metrics["best_val_mse"] - single.stats["best_val_mse"]) < 1e-6
 
@@ -258,6 +257,44 @@ def test_two_processes_leave_out_each_epochs_tail_and_say_so(prepared):
     said = "distill ddp-tail: each epoch trains 192 of 203 rows: under DDP the last 11 of its order"
     assert said in out.stderr + out.stdout
     assert "epoch 1/2 ended at step 12" in out.stderr + out.stdout
+
+
+def test_a_killed_two_process_run_resumes_mid_epoch_two_to_the_same_weights(prepared):
+    """Two processes, 12 steps an epoch, killed after a checkpoint inside the second epoch and launched again:
+    the resumed epoch takes that epoch's order (not the first's) and the run ends where an unbroken one does."""
+    common = {"epochs": 3, "dropout": 0.0, "init": "ridge", "checkpoint_every": 3, "eval_every": 4}
+    straight = _torchrun(_values(prepared, name="ddp-straight", **common), "--quiet")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    killed = _values(prepared, name="ddp-killed", **common)
+    latest = f"{prepared['store']}/students/ddp-killed/checkpoints/latest.json"
+    command, env = _torchrun_command(str(HELPER), json.dumps(killed))
+    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 240
+    while not (storage.exists(latest) and json.loads(storage.read_bytes(latest))["step"] >= 15):
+        assert child.poll() is None, "the run ended before it could be killed"
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    for process in [*psutil.Process(child.pid).children(recursive=True), psutil.Process(child.pid)]:
+        process.kill()  # the two processes (torchrun starts each in a session of its own), then torchrun
+    child.wait()
+    resumed = _torchrun(killed)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    [step] = re.findall(r"distill ddp-killed: resumed from \S+ at step (\d+)", resumed.stderr + resumed.stdout)
+    assert int(step) in (15, 18, 21)
+    stats = json.loads(storage.read_bytes(_run_file(prepared["store"], "ddp-killed", "metrics.json")))
+    assert stats["steps"] == 36
+    store = prepared["store"]
+    assert _max_diff(_weights(store, "ddp-killed"), _weights(store, "ddp-straight")) < 1e-6
+    losses = [storage.read_bytes(_run_file(store, name, "losses.jsonl")) for name in ("ddp-killed", "ddp-straight")]
+    assert losses[0] == losses[1]
+
+
+def test_accumulated_micro_batches_take_the_steps_of_the_whole_batch(prepared):
+    common = {"max_steps": 4, "eval_every": 4, "dropout": 0.0, "init": "random", "batch_size": 16}
+    whole, accumulated = {"name": "whole-batch"}, {"name": "accumulated", "grad_accum": 4}  # 16 rows: 1 x 16, 4 x 4
+    runs = [distill.run(_params(prepared, **common, **extra)) for extra in (whole, accumulated)]
+    assert [run.stats["best_step"] for run in runs] == [4, 4]  # trained weights are exported, not the initial ones
+    assert _max_diff(_weights(prepared["store"], "accumulated"), _weights(prepared["store"], "whole-batch")) < 1e-5
 
 
 def test_patience_stops_the_trainer_and_keeps_the_best_step(prepared, monkeypatch, caplog):
@@ -280,6 +317,15 @@ def test_a_batch_that_does_not_split_over_the_processes_is_named(prepared):
     with pytest.raises(distill.DistillError, match="batch_size 16 is not a multiple of grad_accum 2 times 3"):
         distill.Trainer(params, data, "cpu", distill.Distributed(0, 3), "split")
     assert distill.Trainer(params, data, "cpu", distill.Distributed(0, 2), "split").micro_batch == 4
+
+
+def test_too_few_rows_for_one_round_over_the_processes_is_named(prepared):
+    params = _params(prepared, batch_size=256)
+    data = TrainingData(shard_pairs(params.store, params.teacher, PCA_NAME), 0, params.val_fraction, 100)
+    said = f"{data.train_rows} training rows fill no round of micro-batches of 128 rows on each of 2 processes"
+    with pytest.raises(distill.DistillError, match=said):
+        distill.Trainer(params, data, "cpu", distill.Distributed(0, 2), "few")
+    assert distill.Trainer(params, data, "cpu", distill.Distributed(0, 1), "few").total_steps == params.epochs
 
 
 def test_corrupted_checkpoint_is_named_and_nothing_is_published(prepared):

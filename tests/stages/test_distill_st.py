@@ -20,7 +20,7 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import TrainerState
 
 from tasks.ml import student
-from tasks.stages.distill.st_trainer import DistillSTTrainer
+from tasks.stages.distill.st_trainer import DistillSTArguments, DistillSTTrainer
 from tasks.stages.distill.state import rng_states, seed_everything
 from tests.support.tiny_models import build_sentence_model
 
@@ -173,3 +173,13 @@ def test_the_hooks_the_stage_overrides_exist_as_it_expects(hook):
     ours, theirs = getattr(DistillSTTrainer, hook), getattr(SentenceTransformerTrainer, hook)
     assert ours is not theirs
     assert list(inspect.signature(ours).parameters) == list(inspect.signature(theirs).parameters)
+
+
+def test_one_process_trains_on_one_gpu_however_many_the_host_has(tmp_path, monkeypatch):
+    """On a host with several GPUs a single process would be wrapped in DataParallel over all of them (and its
+    batch multiplied by their number): the stage's arguments keep it on one."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)  # the GPUs transformers counts on such a host
+    plain = SentenceTransformerTrainingArguments(output_dir=str(tmp_path / "plain"), per_device_train_batch_size=8)
+    ours = DistillSTArguments(output_dir=str(tmp_path / "ours"), per_device_train_batch_size=8)
+    assert (plain.n_gpu, plain.train_batch_size) == (4, 32)  # what the stage must not get
+    assert (ours.n_gpu, ours.train_batch_size) == (1, 8)

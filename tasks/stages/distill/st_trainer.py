@@ -47,6 +47,16 @@ class DistillSTTrainer(SentenceTransformerTrainer):
             restore_rng(self.resume_rng)
 
 
+class DistillSTArguments(SentenceTransformerTrainingArguments):
+    """The trainer's settings, on one device per process: a run places its student on one GPU (several GPUs
+    train through DDP, a process each), so on a host with several the trainer must not wrap it in
+    ``DataParallel``, which would also multiply the batch by the GPUs seen."""
+
+    @property
+    def n_gpu(self) -> int:
+        return min(super().n_gpu, 1)
+
+
 class Schedule(TrainerCallback):
     """Hands the run each finished step (with its squared error, from ``loss``) and epoch."""
 
@@ -92,12 +102,12 @@ def fit(run: Trainer, scratch: Path) -> None:
     hf.train(resume_from_checkpoint=resume)
 
 
-def arguments(run: Trainer, output_dir: Path) -> SentenceTransformerTrainingArguments:
+def arguments(run: Trainer, output_dir: Path) -> DistillSTArguments:
     """The trainer's settings for ``run``: its steps, micro-batches and sampler, clipping, AMP and seed; no
     evaluation, saving, logging or reporting of the trainer's own (the run does those)."""
     params, world = run.params, run.dist.world
     order = Order(run.data, params.batch_size, params.length_grouped, world, epoch_of=run.current_epoch)
-    return SentenceTransformerTrainingArguments(
+    return DistillSTArguments(
         output_dir=str(output_dir),
         max_steps=run.total_steps,
         per_device_train_batch_size=run.micro_batch,

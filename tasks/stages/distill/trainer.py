@@ -67,7 +67,7 @@ class Trainer:
         seed_everything(params.seed)
         self.model = _build_student(params, data.dim, device)
         self.amp = {"auto": "bf16" if device == "cuda" else "off"}.get(params.amp, params.amp)
-        self.epoch_micro_batches = micro_batches(data.train_rows, self.micro_batch, dist.world, dist.world > 1)
+        self.epoch_micro_batches = _epoch_micro_batches(params.name, data.train_rows, self.micro_batch, dist.world)
         self.steps_per_epoch = math.ceil(self.epoch_micro_batches / dist.world / params.grad_accum)
         self.total_steps = int(min(params.max_steps or math.inf, params.epochs * self.steps_per_epoch))
         self.eval_every = params.eval_every or max(1, math.ceil(self.total_steps / EVALUATIONS))
@@ -257,6 +257,18 @@ def _micro_batch(params: DistillParams, world: int) -> int:
             f"times {world} process(es)"
         )
     return params.batch_size // parts
+
+
+def _epoch_micro_batches(name: str, rows: int, micro_batch: int, world: int) -> int:
+    """The micro-batches of an epoch over all processes (:func:`micro_batches`); a :class:`DistillError` when
+    under DDP the rows fill no whole round of them (there would be nothing to train)."""
+    found = micro_batches(rows, micro_batch, world, world > 1)
+    if not found:
+        raise DistillError(
+            f"{name}: {rows} training rows fill no round of micro-batches of {micro_batch} rows on each of {world} "
+            "processes; train on more rows, with a smaller batch_size or with fewer processes"
+        )
+    return found
 
 
 def _build_student(params: DistillParams, dim: int, device: str) -> Any:
