@@ -10,13 +10,14 @@ choice makes for that size (exact flat at 100k, HNSW32 at 1M), so the latency is
 (HTTP, query encoding, search), not a measure of retrieval quality. Per size, the index is published twice
 (the same vectors under two names); each service starts on the first.
 
-The service runs as ``hpd serve`` in its own process on 127.0.0.1. Per size, after a warm-up: one client
-sends SINGLE_REQUESTS GET /search (k=10, one corpus sentence) one after another (the warm latency of one
-query); then CONCURRENCY client threads send requests back to back for DURATION_S seconds while, half-way,
-``indexes/current.json`` moves to the second index (and on, up to SWAP_WAIT_S more, until it answers).
-Clients and service share the machine's cores; the service searches with one FAISS thread (its default).
-The served graph also encodes the single-query run's queries in the benchmark's own process (no HTTP, no
-search): ``encode_only_ms``, the floor under the service's latency on this machine.
+The service runs as ``hpd serve`` in its own process on 127.0.0.1. Per size, after a warm-up: one client sends
+SINGLE_REQUESTS GET /search (k=10, one corpus sentence) one after another (the warm latency of one query), and as
+many through the standard library's ``http.client`` on one kept-alive connection (the same, with less of the
+client's own cost); then CONCURRENCY client threads send requests back to back for DURATION_S seconds while,
+halfway, ``indexes/current.json`` moves to the second index (and on, up to SWAP_WAIT_S more, until it answers). Clients
+and service share the machine's cores; the service searches with one FAISS thread (its default). The served graph
+also encodes the single-query run's queries in the benchmark's own process (no HTTP, no search): ``encode_only_ms``,
+the floor under the service's latency on this machine.
 Baseline: one search without a service (:func:`build_index.search`: load the student and the largest index,
 then answer), which is what each ``hpd search`` did before, interpreter start not counted.
 """
@@ -24,6 +25,7 @@ then answer), which is what each ``hpd search`` did before, interpreter start no
 from __future__ import annotations
 
 import gzip
+import http.client
 import os
 import shutil
 import socket
@@ -32,6 +34,8 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -127,14 +131,37 @@ def _client(url: str, queries: list[str], stop: threading.Event, log: list, seed
 
 
 def _single(url: str, queries: list[str]) -> dict[str, float]:
-    """Warm latency of one query at a time: p50/p99 over SINGLE_REQUESTS sequential requests (after 20 unmeasured)."""
-    took = []
+    """Warm latency of one query at a time through httpx: p50/p99 over SINGLE_REQUESTS sequential requests (after
+    20 unmeasured)."""
     with httpx.Client(base_url=url, timeout=30) as client:
-        for n, query in enumerate((queries * 2)[: SINGLE_REQUESTS + 20]):
-            start = time.perf_counter()
-            client.get("/search", params={"q": query, "k": K}).raise_for_status()
-            if n >= 20:
-                took.append((time.perf_counter() - start) * 1000)
+        return _sequential(queries, lambda query: client.get("/search", params={"q": query, "k": K}).raise_for_status())
+
+
+def _single_lean(port: int, queries: list[str]) -> dict[str, float]:
+    """As :func:`_single` through the standard library's ``http.client`` on one kept-alive connection: the
+    service's latency with less of the client's own (httpx costs about 1 ms a request here)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+
+    def ask(query: str) -> None:
+        connection.request("GET", "/search?" + urllib.parse.urlencode({"q": query, "k": K}))
+        response = connection.getresponse()
+        response.read()
+        if response.status != 200:
+            raise RuntimeError(f"GET /search: HTTP {response.status}")
+
+    try:
+        return _sequential(queries, ask)
+    finally:
+        connection.close()
+
+
+def _sequential(queries: list[str], ask: Callable[[str], object]) -> dict[str, float]:
+    took = []
+    for n, query in enumerate((queries * 2)[: SINGLE_REQUESTS + 20]):
+        start = time.perf_counter()
+        ask(query)
+        if n >= 20:
+            took.append((time.perf_counter() - start) * 1000)
     return {q: round(float(np.percentile(took, p)), 2) for q, p in (("p50", 50), ("p99", 99))}
 
 
@@ -223,11 +250,16 @@ def _serve_size(store: str, dim: int, model_run: str, vectors: int, queries: lis
         try:
             served = httpx.get(f"http://127.0.0.1:{port}/health", timeout=10).json()["query_encoder"]
             single = _single(f"http://127.0.0.1:{port}", queries)
+            lean = _single_lean(port, queries)
             log, promoted_at, ran_s = _load(f"http://127.0.0.1:{port}", store, second, queries)
         finally:
             server.terminate()
             server.wait(30)
-        found[served] = {"single_client_ms": single, **_summary(log, promoted_at, ran_s, *keys)}
+        found[served] = {
+            "single_client_ms": single,
+            "single_lean_client_ms": lean,
+            **_summary(log, promoted_at, ran_s, *keys),
+        }
     return found
 
 
@@ -270,6 +302,9 @@ def _write(sizes: list[dict], baseline_ms: float, floor: dict[str, float], model
                 "torch": "the same student in PyTorch, fp32 (hpd serve --query-encoder torch)",
             },
             "single_query_p50_torch_over_onnx": round(p50["torch"] / p50[graph], 2),
+            "single_query_p50_lean_client_ms": largest[graph]["single_lean_client_ms"]["p50"],
+            "lean_client": "the standard library's http.client on one kept-alive connection (single_lean_client_ms); "
+            "the headline and single_client_ms use httpx",
             "encode_only_ms": floor,
             "encode_only": f"{graph} encoding the same queries one at a time in the benchmark's process, no HTTP, "
             "no search",
