@@ -21,10 +21,11 @@ the variant's median. The headline pair is like-for-like: the 6-layer student ag
 PyTorch at the same dtype (bf16 where native, else fp32).
 
 Beside each speed: STS-B test and SICK-R test (Spearman x100), cached with distill_quality's scores in
-``var/bench/distill_quality_scores.json`` (a student's key names a digest of its folder's files, so a retrained
-student is scored anew); the teacher is scored at the headline dtype only. An export (PyTorch int8, ONNX fp32,
-ONNX int8) is worth it for a student only if it loses at most 0.3 points to the same student in PyTorch fp32 on
-both test sets and is faster than that student's fastest PyTorch float variant.
+``var/bench/distill_quality_scores.json`` (a student's key names a digest of its folder's files, and an ONNX
+graph's the digest of the graph, so a retrained student or a graph built otherwise is scored anew); the
+teacher is scored at the headline dtype only. An export (PyTorch int8, ONNX fp32, ONNX int8) is worth it for a
+student only if it loses at most 0.3 points to the same student in PyTorch fp32 on both test sets and is
+faster than that student's fastest PyTorch float variant.
 ``torch.ao.quantization`` is deprecated in recent PyTorch (it warns when used) but still runs in the pinned
 version.
 
@@ -77,10 +78,12 @@ Row = dict[str, Any]  # a variant's figures: sentences/s, STS scores, dim, index
 
 @dataclass(frozen=True)
 class Variant:
-    """One way of encoding: the function and the width of what it returns."""
+    """One way of encoding: the function and the width of what it returns; ``built``: for a model built here from
+    the student's folder (an ONNX graph), a digest of what was built (part of its scores' cache key)."""
 
     encode: Encode
     dim: int
+    built: str = ""
 
 
 def corpus_sentences(count: int) -> list[str]:
@@ -138,7 +141,8 @@ def onnx_variants(encoder: SentenceEncoder, scratch: Path) -> dict[str, Variant]
     found = {}
     for variant, graph in graphs.items():
         onnx = onnx_encoder.OnnxEncoder(graph, encoder.tokenizer, encoder.max_seq_length, threads=THREADS)
-        found[f"onnx {variant}"] = Variant(partial(onnx.encode, batch_size=BATCH), onnx.dim)
+        built = hashlib.sha256(graph.read_bytes()).hexdigest()[:16]
+        found[f"onnx {variant}"] = Variant(partial(onnx.encode, batch_size=BATCH), onnx.dim, built)
     return found
 
 
@@ -179,13 +183,22 @@ def folder_digest(folder: Path) -> str:
     return digest.hexdigest()[:16]
 
 
-def score_keys(folders: dict[str, Path], floats: tuple[Dtype, ...] = FLOATS, dtype: Dtype = DTYPE) -> dict[str, str]:
+def score_keys(
+    folders: dict[str, Path],
+    built: dict[str, str] | None = None,
+    floats: tuple[Dtype, ...] = FLOATS,
+    dtype: Dtype = DTYPE,
+) -> dict[str, str]:
     """Each scored variant's key in the scores cache: the teacher at ``dtype`` only (distill_quality's own key;
-    scoring it in another dtype would cost minutes on 2 cores for the same weights), every student variant."""
+    scoring it in another dtype would cost minutes on 2 cores for the same weights), every student variant
+    (by its folder's digest, and by the digest of what was built for it, ``built``: a graph the export builds
+    otherwise is scored anew)."""
     keys = {f"teacher {dtype}": "teacher"}
     for name, folder in folders.items():
         digest = folder_digest(folder)
         keys |= {f"{name} {v}": f"{v.replace(' ', '-')}-{name}@{digest}" for v in (*floats, *EXPORTS)}
+    for variant, identity in (built or {}).items():
+        keys[variant] += f"+{identity}"
     return keys
 
 
@@ -274,7 +287,8 @@ def benchmark(
         "methods": {
             "int8": "torch.ao.quantization.quantize_dynamic on every nn.Linear (qint8 weights, fp32 in and out)",
             "onnx fp32": "onnx_encoder.build_graphs: traced (opset 17), ONNX Runtime's BERT fusions; ONNX Runtime CPU",
-            "onnx int8": "the fused fp32 graph through onnxruntime.quantization.quantize_dynamic (QInt8 weights)",
+            "onnx int8": "the fused fp32 graph through onnxruntime.quantization.quantize_dynamic (QInt8 weights, "
+            "one scale per output channel, 7 bits)",
         },
         "score_keys": keys,
         "seconds": {name: [round(s, 3) for s in runs] for name, runs in seconds.items()},
@@ -297,7 +311,8 @@ def main() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="hpd-bench-onnx-") as scratch:
         measured = variants(SentenceEncoder.load(models.DEFAULT_TEACHER), students, Path(scratch))
         texts = corpus_sentences(SENTENCES)
-        details = benchmark(measured, texts, ROUNDS, score_keys(folders), distill_quality.scored)
+        built = {name: variant.built for name, variant in measured.items() if variant.built}
+        details = benchmark(measured, texts, ROUNDS, score_keys(folders, built), distill_quality.scored)
     details["students"] = {name: {"store": store, "run": run} for name, run in runs.items()}
     pair = details["like_for_like"]
     return results.write(

@@ -4,6 +4,7 @@ a retrained student gets new score keys, the students come from published distil
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -151,6 +152,18 @@ def test_a_retrained_student_gets_new_score_keys(tiny: dict[str, Path], tmp_path
     (copy / "2_Dense" / "model.safetensors").write_bytes(b"retrained")
     after = student_throughput.score_keys({"MiniLM-L6": copy}, floats=FLOATS, dtype="bf16")
     assert all(after[name] != before[name] for name in before if name.startswith("MiniLM"))
+
+
+def test_a_graph_built_otherwise_gets_a_new_score_key(tiny: dict[str, Path], tmp_path: Path):
+    encoder = SentenceEncoder.load(str(tiny["MiniLM-L6"]))
+    graphs = student_throughput.onnx_variants(encoder, tmp_path)
+    int8 = hashlib.sha256((tmp_path / "encoder_int8.onnx").read_bytes()).hexdigest()[:16]
+    assert graphs["onnx int8"].built == int8 and graphs["onnx fp32"].built not in ("", int8)
+    folders = {"MiniLM-L6": tiny["MiniLM-L6"]}
+    built = {f"MiniLM-L6 {name}": variant.built for name, variant in graphs.items()}
+    keys = student_throughput.score_keys(folders, built, floats=FLOATS, dtype="bf16")
+    requantised = student_throughput.score_keys(folders, {**built, "MiniLM-L6 onnx int8": "other"}, FLOATS, "bf16")
+    assert [name for name in keys if keys[name] != requantised[name]] == ["MiniLM-L6 onnx int8"]
 
 
 def test_missing_students_say_how_to_make_them(tmp_path: Path):
