@@ -4,11 +4,7 @@ scores better by ``select_on``; the initial weights survive a resume."""
 import io
 import json
 import logging
-import os
-import subprocess
-import sys
 from datetime import date
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -22,9 +18,15 @@ from tasks.stages.distill import stage as distill_stage
 from tasks.stages.distill import trainer as trainer_module
 from tasks.stages.distill.data import TrainingData, shard_pairs
 from tasks.stages.distill.distributed import Distributed
-from tests.stages.test_distill import _max_diff, _run_file, _stopped_after_first_checkpoint, _values, _weights
+from tests.stages.test_distill import (
+    _max_diff,
+    _run_file,
+    _stopped_after_first_checkpoint,
+    _torchrun,
+    _values,
+    _weights,
+)
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
-from tests.support.servers import free_port
 
 DAY = date(2026, 11, 3)
 FRACTIONS = [0.25, 0.5, 0.75]
@@ -253,12 +255,7 @@ def test_two_process_ddp_blends_as_one_process_does(prepared):
     common = {"max_steps": 6, "eval_every": 3, "dropout": 0.0, "init": "ridge", "grad_accum": 2}
     single = distill.run(_params(prepared, name="blend-single", **common))
     values = _values(prepared, name="blend-ddp", **common)
-    args = [f"--{k.replace('_', '-')}={v}" for k, v in values.items()] + ["--blend-initial", *map(str, FRACTIONS)]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--nnodes=1"]
-    command += ["--master-addr=127.0.0.1", f"--master-port={free_port()}", "--no-python"]
-    command += [str(Path(sys.executable).parent / "hpd"), "distill", *args, "--quiet"]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    out = _torchrun(values, "--blend-initial", *map(str, FRACTIONS), "--quiet")
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = json.loads(storage.read_bytes(_metrics_uri(prepared["store"], "blend-ddp")))
     assert metrics["world_size"] == 2
