@@ -169,6 +169,11 @@ def _add_serve_parser(sub: Any) -> None:
         default=1,
         help="OpenMP threads a FAISS search may use (default: 1: requests already run side by side)",
     )
+    serve.add_argument(
+        "--access-log",
+        action="store_true",
+        help="log every request with its query string, as uvicorn does (default: off: it holds users' query texts)",
+    )
 
 
 def _positive_seconds(text: str) -> float:
@@ -326,6 +331,7 @@ def _serve(args: dict) -> int:
         poll_s=args["poll_s"],
         query_encoder=args["query_encoder"],
         search_threads=args["search_threads"],
+        access_log=args["access_log"],
     )
     return 0
 

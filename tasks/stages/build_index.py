@@ -19,6 +19,7 @@ naming a missing or partial index: one wins, the other fails with :class:`Promot
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import tempfile
 import threading
@@ -401,12 +402,21 @@ class LoadedIndex:
 
         return f"onnx-{self.encoder.variant}" if isinstance(self.encoder, OnnxEncoder) else "torch"
 
+    @property
+    def encodes_one_lock_free(self) -> bool:
+        """Whether one query encodes without the lock: through an ONNX graph, whose single-query path tokenises
+        with the encoder's own backend copy and runs a session that is safe to share between threads."""
+        from tasks.ml.onnx_encoder import OnnxEncoder
+
+        return isinstance(self.encoder, OnnxEncoder) and self.encoder.backend is not None
+
     def search(self, queries: list[str], k: int) -> list[list[dict]]:
-        """The ``k`` nearest corpus sentences to each query. Encoding holds a lock: a fast tokenizer is
-        not safe to call from two threads at once; FAISS searches concurrently."""
+        """The ``k`` nearest corpus sentences to each query. Encoding holds a lock (a fast tokenizer is not
+        safe to call from two threads at once), except for one query :attr:`encodes_one_lock_free`; FAISS
+        searches concurrently."""
         import faiss
 
-        with self.lock:
+        with contextlib.nullcontext() if len(queries) == 1 and self.encodes_one_lock_free else self.lock:
             vectors = self.encoder.encode(queries)
         faiss.normalize_L2(vectors)
         scores, rows = self.index.search(vectors, k)

@@ -4,6 +4,7 @@ hammer it (no failed request; the new index answers after the next poll)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -11,6 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from datetime import date
 
 import httpx
@@ -52,10 +54,17 @@ def store(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def service(store) -> Iterator[str]:
     """The service over ``store`` in uvicorn on a free 127.0.0.1 port, polling every 0.2 s; its base URL."""
+    with _running(IndexHolder(store, POLL_S)) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _running(holder: IndexHolder) -> Iterator[str]:
+    """The service over ``holder`` in uvicorn on a free 127.0.0.1 port, in a thread of this process."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(serve_app.create_app(IndexHolder(store, POLL_S)), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(serve_app.create_app(holder), log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 60
@@ -112,6 +121,29 @@ def test_single_and_batched_queries(service):
     assert batch["results"][0][0]["text"] == TEXTS[7] and batch["results"][1][0]["text"] == TEXTS[42]
     everything = httpx.get(f"{service}/search", params={"q": "cats", "k": 1000}).json()
     assert len(everything["hits"]) == 300  # k beyond the corpus: every sentence, once
+
+
+def test_one_query_through_the_graph_is_answered_while_the_encoders_lock_is_held(store):
+    holder = IndexHolder(store, 60)
+    with _running(holder) as url:
+        served = holder.current
+        assert served.encodes_one_lock_free
+        with served.lock:  # as a batch in flight holds it
+            response = httpx.get(f"{url}/search", params={"q": TEXTS[7], "k": 1}, timeout=10)
+    assert response.status_code == 200 and response.json()["hits"][0]["text"] == TEXTS[7]
+
+
+def test_a_query_waiting_for_the_encoders_lock_does_not_hold_up_the_service(store):
+    holder = IndexHolder(store, 60, query_encoder="torch")
+    with _running(holder) as url, ThreadPoolExecutor(1) as pool:
+        served = holder.current
+        assert not served.encodes_one_lock_free
+        with served.lock:
+            waiting = pool.submit(httpx.get, f"{url}/search", params={"q": TEXTS[7], "k": 1}, timeout=30)
+            time.sleep(0.3)
+            assert not waiting.done()
+            assert httpx.get(f"{url}/health", timeout=5).status_code == 200
+        assert waiting.result().json()["hits"][0]["text"] == TEXTS[7]
 
 
 def test_answers_are_the_holders_results_as_json(store):
@@ -188,8 +220,11 @@ def test_hpd_search_asks_the_running_service(service, store, tmp_path, monkeypat
 def _hammer(service: str, stop: threading.Event, seen: Counter, failures: list) -> None:
     with httpx.Client(base_url=service, timeout=30) as client:
         while not stop.is_set():
-            try:
-                response = client.post("/search", json={"queries": [TEXTS[3], "music"], "k": 5})
+            try:  # single queries (answered on the event loop) and batches (in the thread pool) in turn
+                if sum(seen.values()) % 2:
+                    response = client.get("/search", params={"q": TEXTS[3], "k": 5})
+                else:
+                    response = client.post("/search", json={"queries": [TEXTS[3], "music"], "k": 5})
                 response.raise_for_status()
                 seen[response.json()["index"].split("/")[1]] += 1
             except Exception as exc:  # every kind of failure counts
@@ -216,3 +251,13 @@ def test_a_promotion_swaps_the_index_without_failing_a_request(service, store):
     assert failures == [] and seen["a"] > 0 and seen["b"] > 0
     _, etag = catalog.read_pointer(store, Pointer.INDEX)
     assert httpx.get(f"{service}/health").json()["etag"] == etag
+
+
+@pytest.mark.parametrize(("flag", "logged"), [([], False), (["--access-log"], True)])
+def test_hpd_serve_logs_requests_only_when_asked(store, monkeypatch, flag, logged):
+    """The CLI's uvicorn server logs each request (with the query text) only with --access-log."""
+    started: list[uvicorn.Config] = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda server: started.append(server.config))
+    assert cli.main(["serve", "--store", store, "--port", "8765", *flag]) == 0
+    (config,) = started
+    assert config.access_log is logged and (config.host, config.port) == ("127.0.0.1", 8765)
