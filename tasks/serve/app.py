@@ -4,9 +4,10 @@ pointer's etag). ``k`` is 1..:data:`MAX_K`, a batch holds at most :data:`MAX_BAT
 :data:`MAX_QUERY_CHARS` characters; anything else is a 422 naming the field. 503 while no index is loaded.
 
 One query through the student's ONNX graph is answered on the event loop itself: its work is bounded (one
-query, truncated at the student's token limit; 7 ms p50 on 2 cores) and waits on no lock, while handing it
-to a worker thread and back costs about 0.45 ms a request there. Batches, and queries encoded by the PyTorch
-student (which take the encoder's lock), run in the thread pool, so the loop never waits on a lock.
+query, truncated at the student's token limit, then one search; 7 ms p50 of encoding on 2 cores) and waits on
+no lock, while handing it to a worker thread and back costs about 0.45 ms a request there. Batches, and
+queries encoded by the PyTorch student (which take the encoder's lock), run in the thread pool, so the loop
+never waits on a lock.
 """
 
 from __future__ import annotations
@@ -98,8 +99,8 @@ def serve(
     access_log: bool = False,
 ) -> None:
     """Run the service until interrupted (uvicorn, one process). Uvicorn's access log, a line per request with
-    its query string (the users' query texts), only with ``access_log`` (it also costs 0.25 ms a request on 2
-    cores); swaps, refused pointers and errors are logged either way."""
+    its query string (the users' query texts), only with ``access_log`` (it also costs about 0.2 ms a request on
+    2 cores); swaps, refused pointers and errors are logged either way."""
     import uvicorn
 
     holder = IndexHolder(store, poll_s, query_encoder, search_threads)
