@@ -1,7 +1,9 @@
 """The training objective's options: the cosine and similarity-structure terms, frozen layers, selection on STS dev."""
 
 import json
+import logging
 from datetime import date
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +18,7 @@ from tasks.stages.distill.distributed import Distributed
 from tasks.stages.distill.objective import HPDLoss, extra_loss
 from tasks.stages.distill.sampler import HPDBatchSampler, Order
 from tasks.stages.distill.state import TrainState
+from tasks.stages.distill.trainer import _log_evaluation
 from tests.stages.test_distill import _run_file, _values, _weights
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
 
@@ -123,6 +126,21 @@ def test_selection_on_sts_dev_keeps_the_best_dev_score(prepared):
     best = max(evals, key=lambda e: e["sts_dev"])
     assert result.stats["best_step"] == best["step"]
     assert result.stats["exported"]["sts_dev"] == pytest.approx(best["sts_dev"], abs=1e-3)
+
+
+@pytest.mark.parametrize(
+    ("select_on", "named"), [("sts_dev", "best sts_dev 60 at step 0"), ("val_mse", "best val_mse 0.5 at step 5")]
+)
+def test_no_improvement_names_the_best_by_the_selection_criterion(caplog, select_on, named):
+    state = TrainState()
+    for result in ({"step": 0, "val_mse": 1.0, "sts_dev": 60.0}, {"step": 5, "val_mse": 0.5, "sts_dev": 50.0}):
+        state.record_eval(result, None, select_on)
+    last = {"step": 10, "val_mse": 0.8, "val_cosine": 0.9, "sts_dev": 40.0}
+    assert not state.record_eval(last, None, select_on)
+    params = SimpleNamespace(name="run", select_on=select_on, patience=None)
+    caplog.set_level(logging.INFO, logger="tasks")
+    _log_evaluation(SimpleNamespace(state=state, params=params, log=logging.getLogger("tasks.test")), last, best=False)
+    assert named in caplog.text
 
 
 def test_state_selects_lowest_mse_or_highest_dev_score():

@@ -377,11 +377,13 @@ def _log_evaluation(trainer: Trainer, result: dict, best: bool) -> None:
     state = trainer.state
     _log_scores(trainer, "evaluation at", result)
     if not best:
+        select_on = trainer.params.select_on
         trainer.log.info(
-            "distill %s: no improvement for %d evaluation(s); best val_mse %.6g at step %d",
+            "distill %s: no improvement for %d evaluation(s); best %s %.6g at step %d",
             trainer.params.name,
             state.evals_since_best,
-            state.best_val_mse,
+            select_on,
+            state.best_val_mse if select_on == "val_mse" else -state.best_score,
             state.best_step,
         )
     if state.stopped_early:
