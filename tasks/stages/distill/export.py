@@ -87,6 +87,7 @@ def model_card(params: DistillParams, stage_run: manifest.StageRun, summary: dic
         layers=f"(first {params.student_layers} layers) " if params.student_layers else "",
         activation=params.activation,
         best_val_mse=f"{summary['best_val_mse']:.6g}",
+        select_on=params.select_on,
         config=json.dumps(params.model_dump(mode="json"), indent=2),
         onnx=_onnx_note(summary.get("onnx")),
         run_id=stage_run.run_id,
