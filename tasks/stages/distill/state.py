@@ -39,6 +39,11 @@ class TrainState:
             self.stopped_early = True
         return False
 
+    def best_value(self, select_on: str) -> float:
+        """The best evaluation's score by ``select_on`` as evaluated (its val_mse, or its sts_dev): the inverse of
+        :func:`selection_score` on :attr:`best_score`."""
+        return self.best_val_mse if select_on == "val_mse" else -self.best_score
+
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "position": asdict(self.position)}
 

@@ -383,7 +383,7 @@ def _log_evaluation(trainer: Trainer, result: dict, best: bool) -> None:
             trainer.params.name,
             state.evals_since_best,
             select_on,
-            state.best_val_mse if select_on == "val_mse" else -state.best_score,
+            state.best_value(select_on),
             state.best_step,
         )
     if state.stopped_early:
