@@ -219,6 +219,12 @@ class OnnxEncoder:
         return cls(graph, AutoTokenizer.from_pretrained(folder), int(config["max_seq_length"]), threads)
 
     @property
+    def encodes_one_thread_safely(self) -> bool:
+        """Whether one query may be encoded from any thread without a lock: it is tokenised by the private backend
+        copy (when the tokenizer has one) and run by the session, both safe to share between threads."""
+        return self.backend is not None
+
+    @property
     def variant(self) -> str:
         return "int8" if self.graph.name == Path(FILES["int8"]).name else "fp32"
 

@@ -404,11 +404,11 @@ class LoadedIndex:
 
     @property
     def encodes_one_lock_free(self) -> bool:
-        """Whether one query encodes without the lock: through an ONNX graph, whose single-query path tokenises
-        with the encoder's own backend copy and runs a session that is safe to share between threads."""
+        """Whether one query encodes without the lock: through an ONNX graph whose single-query path is safe to
+        share between threads (:attr:`OnnxEncoder.encodes_one_thread_safely`)."""
         from tasks.ml.onnx_encoder import OnnxEncoder
 
-        return isinstance(self.encoder, OnnxEncoder) and self.encoder.backend is not None
+        return isinstance(self.encoder, OnnxEncoder) and self.encoder.encodes_one_thread_safely
 
     def search(self, queries: list[str], k: int) -> list[list[dict]]:
         """The ``k`` nearest corpus sentences to each query. Encoding holds a lock (a fast tokenizer is not
