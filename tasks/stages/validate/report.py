@@ -61,8 +61,7 @@ def render(  # noqa: PLR0913 - the report's parts
     quality results of each partition the model learnt from (None: not checked); ``header`` the (label, value)
     rows naming the run; ``report_key`` where the page is published in the store (links to other objects of the
     store are relative to it, so they hold in a copy). Numbers are rounded; metrics.json keeps them unrounded."""
-    fidelity = report.get("fidelity") or {}
-    measured = [[f"fidelity {k}", metric(v)] for k, v in fidelity.items()]
+    measured = _fidelity_rows(report.get("fidelity") or {})
     measured += [[f"retrieval {k}", metric(v)] for k, v in report["retrieval"].items()]
     sections = [
         f"<h1>{html.escape(title)}</h1>",
@@ -90,6 +89,15 @@ def render(  # noqa: PLR0913 - the report's parts
     ]
     return f"""<!doctype html><html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>{STYLE}</style></head><body>{"".join(sections)}</body></html>"""
+
+
+def _fidelity_rows(fidelity: dict[str, Any]) -> list[list[str]]:
+    """The exported weights' fidelity to the targets, then each scored blend's, rounded like the rest."""
+    rows = [[f"fidelity {k}", metric(v)] for k, v in fidelity.items() if k != "blends"]
+    for blend in fidelity.get("blends", []):
+        scores = ", ".join(f"{k} {metric(v)}" for k, v in blend.items() if k not in ("blend", "step"))
+        rows.append([f"fidelity of the blend {blend['blend']:g} (initial toward step {blend['step']})", scores])
+    return rows
 
 
 def _sts_table(sts: dict[str, dict[str, float]]) -> str:
