@@ -90,13 +90,14 @@ def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel]) 
             )
             continue
         many = any(typing.get_origin(option) is list for option in _options(field.annotation))
+        emptiable = isinstance(field.default, list) and bool(field.default)  # a flag alone sets it to []
         choices = _choices(field.annotation)
         parser.add_argument(
             flag,
             dest=name,
             required=field.is_required(),
             default=argparse.SUPPRESS,
-            nargs="+" if many else None,
+            nargs="*" if emptiable else "+" if many else None,
             choices=choices,
             metavar=None if choices else name.upper(),
             help=_help(field),

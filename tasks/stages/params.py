@@ -138,13 +138,13 @@ class DistillParams(StageParams):
         0.0, ge=0, description="weight of an in-batch similarity term: MSE of the pairwise cosine matrices"
     )
     select_on: Literal["val_mse", "sts_dev"] = Field(
-        "val_mse",
+        "sts_dev",
         description="what picks the exported weights and stops early: validation MSE, or mean STS-B/SICK-R dev",
     )
     blend_initial: list[Annotated[float, Field(gt=0, lt=1)]] = Field(
-        [],
+        [0.25, 0.5, 0.75],
         description="after training, also score (1-a)*initial + a*final weights for each a (0 < a < 1) and "
-        "export a blend that beats the best weights by select_on",
+        "export a blend that beats the best weights by select_on (the flag with no fractions: no blends)",
     )
     onnx: Literal["none", "fp32", "int8"] = Field(
         "none",

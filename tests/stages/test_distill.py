@@ -39,7 +39,11 @@ def prepared(tmp_path_factory):
 
 
 def _values(prepared, **extra):
+    """The mechanics are tested under validation-MSE selection without blends; the recipe's defaults (STS dev
+    selection among blends of the initial and final weights) in test_distill_blending."""
     return {
+        "select_on": "val_mse",
+        "blend_initial": [],
         "store": prepared["store"],
         "teacher": prepared["teacher"],
         "student": prepared["student"],
@@ -228,7 +232,10 @@ def _torchrun_command(*program):
 def _torchrun(values, *extra):
     """``hpd distill`` with ``values`` in two processes under torchrun (CPU, gloo)."""
     hpd = Path(sys.executable).parent / "hpd"
-    args = [f"--{k.replace('_', '-')}={v}" for k, v in values.items()]
+    args = []
+    for key, value in values.items():
+        flag = f"--{key.replace('_', '-')}"
+        args += [flag, *map(str, value)] if isinstance(value, list) else [f"{flag}={value}"]
     command, env = _torchrun_command("--no-python", str(hpd), "distill", *args, *extra)
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 

@@ -106,9 +106,23 @@ def test_blend_fractions_are_validated_and_normalised(prepared):
             _params(prepared, blend_initial=[0.5, wrong])
     args = cli.build_parser().parse_args(["distill", "--blend-initial", "0.75", "0.5"])
     assert _params(prepared, blend_initial=args.blend_initial).blend_initial == [0.5, 0.75]
+    assert cli.build_parser().parse_args(["distill", "--blend-initial"]).blend_initial == []  # blending off
 
 
 # -- the stage --------------------------------------------------------------------------------------------------
+def test_by_default_the_best_sts_dev_score_is_exported_among_the_blends(prepared):
+    """The benchmark's winning recipe is the default: selection on STS dev, blends 0.25/0.5/0.75 scored."""
+    recipe = ("select_on", "blend_initial")
+    values = {k: v for k, v in _values(prepared, init="random", max_steps=6, eval_every=3).items() if k not in recipe}
+    stats = distill.run(config.parse(distill.DistillParams, {**values, "name": "defaults"})).stats
+    blends = stats["exported"]["blends"]
+    assert [b["blend"] for b in blends] == FRACTIONS and all("sts_dev" in b for b in blends)
+    evals = json.loads(storage.read_bytes(_metrics_uri(prepared["store"], "defaults")))["evals"]
+    candidates = [e["sts_dev"] for e in evals] + [b["sts_dev"] for b in blends]
+    assert stats["exported"]["sts_dev"] == pytest.approx(max(candidates), abs=1e-3)
+    assert stats["best_step"] == max(evals, key=lambda e: e["sts_dev"])["step"]
+
+
 def test_each_blend_is_scored_and_the_export_follows_the_scores(prepared, trainers, caplog):
     caplog.set_level(logging.INFO, logger="tasks")
     result = distill.run(_params(prepared, name="blended"))

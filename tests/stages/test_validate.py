@@ -193,6 +193,7 @@ def test_report_renders_offline_in_headless_chromium(store, tmp_path):
     assert 'id="drift"' in dom and "Drift score 0.0000, below the threshold 0.2500" in text  # its own data
     assert f"Partitions {DAY} against those of good: {DAY}" in text
     assert _LONG_DECIMALS.findall(text) == []
+    assert "fidelity of the blend 0.25 (initial toward step 20) sts_dev " in text  # the defaults score blends
     assert f"{catalog.partition_key(DAY)} Data Docs" in text  # the quality run of the partition it trained on
     href = re.search(r'<a class="data-docs" href="([^"]+)"', dom).group(1)
     assert (
