@@ -47,6 +47,8 @@ REFERENCE = {
     "epochs": 20,
     "eval_every": 50,
     "length_grouped": False,
+    "select_on": "val_mse",
+    "blend_initial": [],
 }
 PREDATING = {"length_grouped": False}  # how runs published before a parameter existed behaved
 TWO_TEACHERS = models.DEFAULT_TEACHER_SPEC  # the stages' default: teacher + base student
