@@ -47,6 +47,10 @@ class AirflowServices:
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "15",
+            # A restarted scheduler adopts the dead one's tasks after it has missed heartbeats for this long, at
+            # its next check for orphans (defaults: 30 s, then checks every 300 s).
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": "15",
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": "5",
             "PYTHONPATH": str(ROOT),
             "HF_HUB_OFFLINE": "1",
             "NO_PROXY": "127.0.0.1,localhost",  # the execution API and REST calls stay on loopback
