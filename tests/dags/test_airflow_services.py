@@ -8,7 +8,6 @@ the rest are skipped, naming it."""
 
 import gzip
 import json
-import threading
 import time
 
 import pytest
@@ -21,9 +20,13 @@ from tests.support.postgres import postgres_bindir
 from tests.support.smtp_sink import SmtpSink, body_text
 from tests.support.tiny_models import build_sentence_model
 
-pytestmark = pytest.mark.skipif(
-    postgres_bindir() is None, reason="no PostgreSQL server installed (make venv installs Debian's postgresql)"
-)
+pytestmark = [
+    pytest.mark.services,
+    pytest.mark.models,
+    pytest.mark.skipif(
+        postgres_bindir() is None, reason="no PostgreSQL server installed (make venv installs Debian's postgresql)"
+    ),
+]
 
 DAYS = ("2026-11-01", "2026-11-02", "2026-11-03")
 LATE_DAY = DAYS[-1]
@@ -120,6 +123,17 @@ def _after_a_failure_skip_the_rest(request):
         request.module._first_failure = request.node.name
 
 
+def _wait_for_task_state(services, dag_id: str, run_id: str, task_id: str, state: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        states = services.task_states(dag_id, run_id)  # a string while the run does not exist yet
+        if isinstance(states, dict) and states.get(task_id) == state:
+            return
+        services.check_alive()
+        time.sleep(0.5)
+    raise services.failure(f"{dag_id}.{task_id} was not {state} in {timeout} s", dag_id, run_id)
+
+
 def _trigger(services, dag_id: str, conf: dict) -> str:
     body = {"logical_date": None, "conf": {"store": services.store, **conf}}
     return services.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)["dag_run_id"]
@@ -150,12 +164,12 @@ def test_three_day_backfill_over_three_daily_inputs(services):
             "dag_run_conf": {"store": services.store, **FAST},
         },
     )
-    late = services.home / "raw" / f"{LATE_DAY}.tsv"
-    lands = threading.Timer(20, lambda: late.write_text("".join(services.inputs["header"] + services.inputs[LATE_DAY])))
-    lands.start()
+    late_run = f"backfill__{LATE_DAY}T00:00:00+00:00"
+    _wait_for_task_state(services, "hpd_ingest", late_run, "wait_for_source", "deferred", timeout=300)
+    late = services.home / "raw" / f"{LATE_DAY}.tsv"  # lands while its sensor waits in the triggerer
+    late.write_text("".join(services.inputs["header"] + services.inputs[LATE_DAY]))
     for day in DAYS:
         assert services.wait_for_run("hpd_ingest", f"backfill__{day}T00:00:00+00:00", timeout=400) == "success"
-    late_run = f"backfill__{LATE_DAY}T00:00:00+00:00"
     assert services.task_states("hpd_ingest", late_run)["wait_for_source"] == "success"
     texts = {}
     for day in DAYS:
