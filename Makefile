@@ -13,7 +13,7 @@ HPD := HPD_STORE=$(STORE) $(BIN)/hpd
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv demo test lint bench lock clean postgresql-server
+.PHONY: venv demo test check lint bench lock clean postgresql-server
 
 $(INSTALLED): requirements.lock requirements-models.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,8 +54,19 @@ venv: $(INSTALLED) $(WORDNET) /usr/bin/chromium /usr/bin/redis-server postgresql
 demo: venv
 	$(HPD) demo --rows $(DEMO_ROWS) --date $(DEMO_DATE) --airflow-home var/airflow
 
+# The whole suite on two pytest-xdist workers, a module at a time on each, the longest first (tests/conftest.py).
+# TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
+PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+# The quick tier: tests that need no model, no live service and no S3 endpoint.
+UNIT := not (models or services or s3 or slow or celery)
+
 test: venv
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
+
+# The inner loop (under 2 minutes): lint, types and the unit tests. `make test` still runs everything.
+check: venv lint
+	$(BIN)/python -m pytest -q -m "$(UNIT)"
 
 # The quality gate CI runs before the tests: lint (with complexity and argument-count rules), formatting,
 # and strict types on the core wing.

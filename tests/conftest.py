@@ -24,6 +24,41 @@ _ISOLATED_ENV = (
 )
 
 
+# The longest modules, in the order pytest-xdist hands them out first (``--dist loadfile``): the live Airflow
+# services and the Celery workers as one unit of work (one worker runs them one after the other: two Airflow stacks
+# at once starve each other of the two cores), then the DAG chain through ``airflow dags test`` on the other worker.
+# The rest fill in around them.
+LIVE_AIRFLOW = ("tests/dags/test_airflow_services.py", "tests/dags/test_celery_workers.py")
+LONGEST_FIRST = (*LIVE_AIRFLOW, "tests/dags/test_dag_runs.py")
+
+
+def _module_path(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """``LONGEST_FIRST`` first; tests that use the S3 endpoint are marked ``s3`` (``make check`` leaves them out)."""
+    rank = {path: i for i, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(_module_path(item.nodeid), len(rank)))
+    for item in items:
+        if "s3_endpoint" in item.fixturenames:
+            item.add_marker(pytest.mark.s3)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
+    """``--dist loadfile``, with the ``LIVE_AIRFLOW`` modules in one unit of work."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class LiveAirflowTogether(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = _module_path(nodeid)
+            return "live-airflow" if path in LIVE_AIRFLOW else path
+
+    return LiveAirflowTogether(config, log)
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Iterator[pytest.TestReport]:
     report = yield

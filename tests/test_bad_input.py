@@ -37,6 +37,8 @@ from tasks.core.catalog import Stage
 from tests.support import store_state
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
 
+pytestmark = pytest.mark.models
+
 HPD = Path(sys.executable).parent / "hpd"
 DAY = ["--ingest-date", "2026-11-30"]
 STAGED_DAY = date(2026, 11, 30)

@@ -18,6 +18,8 @@ from tasks.ml import sts, student
 from tasks.ml.encoder import SentenceEncoder
 from tests.support.tiny_models import build_sentence_model
 
+pytestmark = pytest.mark.models
+
 FLOATS = ("fp32", "bf16")
 PER_STUDENT = (*FLOATS, *student_throughput.EXPORTS)
 VARIANTS = [f"{model} {variant}" for model in ("MiniLM-L6", "MiniLM-L3") for variant in PER_STUDENT]

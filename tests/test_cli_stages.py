@@ -2,9 +2,13 @@
 
 import json
 
+import pytest
+
 from tasks import cli
 from tasks.ml.projection import load_projection
 from tests.support.tiny_models import build_sentence_model
+
+pytestmark = pytest.mark.models
 
 
 def test_the_chain_runs_from_the_cli(tmp_path, capsys):

@@ -18,6 +18,8 @@ import pytest
 from tests.support.paths import REPO
 from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
 
+pytestmark = pytest.mark.models
+
 DAY = date(2026, 11, 2)
 PACKAGE_DATA = (
     "tasks/ml/sts_sets/stsbenchmark/sts-test.csv",

@@ -11,6 +11,8 @@ from tasks.core.catalog import ModelPointer
 from tasks.stages import build_index, encode_teacher, stage_corpus
 from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
 
+pytestmark = pytest.mark.models
+
 DAY1, DAY2 = date(2026, 11, 1), date(2026, 11, 2)
 
 

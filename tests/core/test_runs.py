@@ -8,6 +8,8 @@ from tasks.core import catalog, config, runs
 from tasks.stages import validate
 from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
 
+pytestmark = pytest.mark.models
+
 DAY = date(2026, 11, 1)
 EXPECTED = {"redo": "stale", "fresh": "not validated", "slow": "failed", "fast": "passed"}  # newest first
 

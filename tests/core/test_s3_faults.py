@@ -26,7 +26,7 @@ from tests.support.fault_proxy import CONFLICT, RESET, SLOW_DOWN, FaultPlan, Fau
 from tests.support.projected_store import corpus_lines
 from tests.support.tiny_models import build_sentence_model
 
-pytestmark = [pytest.mark.s3, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.s3, pytest.mark.models, pytest.mark.timeout(120)]
 
 MIB = 1024 * 1024
 DAY = date(2026, 11, 30)

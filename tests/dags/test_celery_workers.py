@@ -33,6 +33,8 @@ from tests.support.paths import CORPUS
 MISSING = missing_servers()
 pytestmark = [
     pytest.mark.celery,
+    pytest.mark.services,
+    pytest.mark.models,
     pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} (make venv installs them)"),
 ]
 

@@ -6,6 +6,8 @@ from tasks.ml import precision
 from tasks.ml.encoder import SentenceEncoder
 from tests.support.tiny_models import build_sentence_model
 
+pytestmark = pytest.mark.models
+
 TEXTS = [
     "a short one",
     "a considerably longer sentence with many more tokens than the others",

@@ -16,6 +16,8 @@ from tasks.ml.encoder import Dense, SentenceEncoder
 from tasks.ml.onnx_encoder import OnnxEncoder
 from tests.support.tiny_models import build_sentence_model
 
+pytestmark = pytest.mark.models
+
 TEXTS = [
     "a short one",
     "a considerably longer sentence with many more tokens than the others, and then a few more words",

@@ -17,6 +17,8 @@ from tasks.core.catalog import Stage
 from tasks.ml import student
 from tasks.ml.student import StudentError
 
+pytestmark = pytest.mark.models
+
 FP = "0123456789ab"
 MODEL_FILES = ["modules.json", "config.json", "1_Pooling/config.json"]
 

@@ -6,6 +6,8 @@ import pytest
 from tasks.core import catalog
 from tasks.ml import teachers
 
+pytestmark = pytest.mark.models
+
 
 def test_a_plain_spec_is_one_member_and_a_composite_several():
     assert teachers.members("all-mpnet-base-v2") == ["all-mpnet-base-v2"]

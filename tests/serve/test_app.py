@@ -28,6 +28,8 @@ from tasks.serve.holder import IndexHolder, describe
 from tasks.stages import build_index
 from tests.support.projected_store import distill_tiny, projected_store
 
+pytestmark = pytest.mark.models
+
 DAY = date(2026, 11, 1)
 TEXTS = [
     f"sentence {i} about {topic} and {i % 13}"

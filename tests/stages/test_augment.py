@@ -11,6 +11,8 @@ from tasks.ml import wordnet
 from tasks.stages import augment, stage_corpus
 from tests.support.tiny_models import build_marian
 
+pytestmark = pytest.mark.models
+
 DAY = date(2026, 11, 1)
 ORIGINALS = [
     "The quick brown fox jumps over the lazy dog",

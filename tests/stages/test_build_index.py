@@ -13,6 +13,8 @@ from tasks.core.progress import format_bytes
 from tasks.stages import build_index
 from tests.support.projected_store import distill_tiny, projected_store
 
+pytestmark = pytest.mark.models
+
 DAY = date(2026, 11, 1)
 TEXTS = [
     f"sentence {i} about {topic} and {i % 13}"

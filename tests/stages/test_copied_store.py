@@ -24,6 +24,8 @@ from tasks.stages import build_index, encode_teacher, fit_pca, stage_corpus, val
 from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
 from tests.support.tiny_models import build_sentence_model
 
+pytestmark = pytest.mark.models
+
 DAY = date(2026, 11, 1)
 LINES = corpus_lines(160)
 SHARD_ROWS = 80

@@ -27,6 +27,8 @@ from tests.support.paths import REPO, SUPPORT
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
 from tests.support.servers import free_port
 
+pytestmark = pytest.mark.models
+
 DAY = date(2026, 11, 1)
 HELPER = SUPPORT / "slow_distill.py"
 

@@ -28,6 +28,8 @@ from tests.stages.test_distill import (
 )
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
 
+pytestmark = pytest.mark.models
+
 DAY = date(2026, 11, 3)
 FRACTIONS = [0.25, 0.5, 0.75]
 

@@ -22,6 +22,8 @@ from tasks.stages.distill.trainer import _log_evaluation
 from tests.stages.test_distill import _run_file, _values, _weights
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
 
+pytestmark = pytest.mark.models
+
 DAY = date(2026, 11, 2)
 
 

@@ -24,6 +24,8 @@ from tasks.stages.distill.st_trainer import DistillSTArguments, DistillSTTrainer
 from tasks.stages.distill.state import rng_states, seed_everything
 from tests.support.tiny_models import build_sentence_model
 
+pytestmark = pytest.mark.models
+
 ROWS, K, BATCH, STEPS = 40, 8, 4, 12  # 10 batches an epoch: a run of 12 steps crosses an epoch's end
 
 

@@ -13,6 +13,8 @@ from tasks.stages import drift, encode_teacher, profiles, stage_corpus
 from tests.support.paths import REPO
 from tests.support.projected_store import PCA_NAME, corpus_lines, distill_tiny, projected_store
 
+pytestmark = pytest.mark.models
+
 TRAINED, SAME, SHUFFLED, RANDOM = date(2026, 11, 1), date(2026, 11, 2), date(2026, 11, 3), date(2026, 11, 4)
 ROWS = 400
 

@@ -24,6 +24,8 @@ from tasks.stages import encode_teacher, stage_corpus
 from tests.support.paths import CORPUS, REPO, SUPPORT
 from tests.support.tiny_models import build_sentence_model
 
+pytestmark = pytest.mark.models
+
 DAY = date(2026, 11, 1)
 HELPER = SUPPORT / "slow_encode.py"
 

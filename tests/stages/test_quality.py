@@ -147,6 +147,7 @@ def _resolve(page: str, ref: str) -> str:
     return "/".join(parts)
 
 
+@pytest.mark.services
 def test_data_docs_open_offline_in_headless_chromium(store_root, tmp_path):
     """The Data Docs copied out of the store (as anyone would) load in Chromium with the network off: every
     script, stylesheet, font and image found, no script error."""

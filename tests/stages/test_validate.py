@@ -13,6 +13,8 @@ from tasks.core.catalog import Pointer
 from tasks.stages import validate
 from tests.support.projected_store import PCA_NAME, corpus_lines, distill_tiny, projected_store
 
+pytestmark = pytest.mark.models
+
 DAY = date(2026, 11, 1)
 
 
