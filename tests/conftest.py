@@ -24,6 +24,13 @@ _ISOLATED_ENV = (
 )
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, each worker and the processes it starts run OpenMP (torch, FAISS) on one thread: two
+    workers share the two cores, and threads spinning for a core the other worker holds waste it."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
 # The longest modules, in the order pytest-xdist hands them out first (``--dist loadfile``): the live Airflow
 # services and the Celery workers as one unit of work (one worker runs them one after the other: two Airflow stacks
 # at once starve each other of the two cores), then the DAG chain through ``airflow dags test`` on the other worker.
