@@ -13,7 +13,7 @@ HPD := HPD_STORE=$(STORE) $(BIN)/hpd
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv demo test check lint bench lock clean postgresql-server
+.PHONY: venv demo test check coverage lint bench lock clean postgresql-server
 
 $(INSTALLED): requirements.lock requirements-models.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -67,6 +67,14 @@ test: venv
 # The inner loop (under 2 minutes): lint, types and the unit tests. `make test` still runs everything.
 check: venv lint
 	$(BIN)/python -m pytest -q -m "$(UNIT)"
+
+# Branch coverage of tasks/ by the whole suite (in the test processes; not in the Airflow and CLI subprocesses they
+# start), in all and per wing.
+WINGS := core ml stages orchestration serve
+coverage: venv
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -q --cov=tasks --cov-branch --cov-report=
+	$(BIN)/coverage report --precision=2 | tail -1
+	for wing in $(WINGS); do printf '%-14s' $$wing; $(BIN)/coverage report --precision=2 --format=total --include="tasks/$$wing/*"; done
 
 # The quality gate CI runs before the tests: lint (with complexity and argument-count rules), formatting,
 # and strict types on the core wing.
