@@ -62,7 +62,7 @@ PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist l
 UNIT := not (models or services or s3 or slow or celery)
 
 test: venv
-	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL) --durations=30
 
 # The inner loop (under 2 minutes): lint, types and the unit tests. `make test` still runs everything.
 check: venv lint
