@@ -57,7 +57,7 @@ demo: venv
 # The whole suite on two pytest-xdist workers, a module at a time on each, the longest first (tests/conftest.py).
 # TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 2
-PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 # The quick tier: tests that need no model, no live service and no S3 endpoint.
 UNIT := not (models or services or s3 or slow or celery)
 

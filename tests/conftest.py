@@ -1,5 +1,6 @@
 """Shared fixtures: an S3 endpoint (in-process moto server on 127.0.0.1), fresh buckets, store roots; each test
-item keeps its phase reports (``item.rep_setup`` / ``rep_call``) for fixtures that act on an outcome."""
+item keeps its phase reports (``item.rep_setup`` / ``rep_call``) for fixtures that act on an outcome. The suite's
+order and its split over pytest-xdist workers (docs/contributing.md)."""
 
 from __future__ import annotations
 
@@ -53,10 +54,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """``--dist loadfile``, with the ``LIVE_AIRFLOW`` modules in one unit of work."""
-    if config.getvalue("dist") != "loadfile":
+    """``-n N`` (``--dist load``) or ``--dist loadfile``: whole modules, in collection order, with the
+    ``LIVE_AIRFLOW`` modules in one unit of work (their tests build on each other, so a module never splits)."""
+    if config.getvalue("dist") not in ("load", "loadfile"):
         return None
     from xdist.scheduler import LoadFileScheduling
+
+    config.option.loadscopereorder = False
 
     class LiveAirflowTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
