@@ -70,3 +70,15 @@ def test_safe_members_lists_what_to_extract(tmp_path):
             archive.writestr(name, b"")
     with zipfile.ZipFile(buffer) as archive:
         assert models.safe_members(archive, tmp_path, "pkg") == ["m/", "m/a..b.json", "m/x/./y.json"]
+
+
+def test_each_part_of_the_packaged_teacher_is_found_in_its_installed_distribution():
+    packaged = models.PACKAGED["all-mpnet-base-v2"]
+    parts = [models._part_path("all-mpnet-base-v2", distribution) for distribution in packaged.parts]
+    assert [part.name for part in parts] == [f"all-mpnet-base-v2.zip.{i:03d}" for i in range(1, 6)]
+    assert all(part.is_file() for part in parts)
+
+
+def test_a_part_package_that_is_not_installed_is_named():
+    with pytest.raises(models.ModelError, match="package no-such-part is not installed; install the packaged"):
+        models._part_path("all-mpnet-base-v2", "no-such-part")
