@@ -123,17 +123,6 @@ def _after_a_failure_skip_the_rest(request):
         request.module._first_failure = request.node.name
 
 
-def _wait_for_task_state(services, dag_id: str, run_id: str, task_id: str, state: str, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        states = services.task_states(dag_id, run_id)  # a string while the run does not exist yet
-        if isinstance(states, dict) and states.get(task_id) == state:
-            return
-        services.check_alive()
-        time.sleep(0.5)
-    raise services.failure(f"{dag_id}.{task_id} was not {state} in {timeout} s", dag_id, run_id)
-
-
 def _trigger(services, dag_id: str, conf: dict) -> str:
     body = {"logical_date": None, "conf": {"store": services.store, **conf}}
     return services.request("POST", f"/api/v2/dags/{dag_id}/dagRuns", body)["dag_run_id"]
@@ -165,7 +154,7 @@ def test_three_day_backfill_over_three_daily_inputs(services):
         },
     )
     late_run = f"backfill__{LATE_DAY}T00:00:00+00:00"
-    _wait_for_task_state(services, "hpd_ingest", late_run, "wait_for_source", "deferred", timeout=300)
+    services.wait_for_task_state("hpd_ingest", late_run, "wait_for_source", "deferred", timeout=300)
     late = services.home / "raw" / f"{LATE_DAY}.tsv"  # lands while its sensor waits in the triggerer
     late.write_text("".join(services.inputs["header"] + services.inputs[LATE_DAY]))
     for day in DAYS:

@@ -178,6 +178,16 @@ class AirflowServices:
                 time.sleep(2)
         raise self.failure(f"{dag_id} was not parsed in {timeout} s")
 
+    def wait_for_task_state(self, dag_id: str, run_id: str, task_id: str, state: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = self.task_states(dag_id, run_id)  # a string while the run does not exist yet
+            if isinstance(states, dict) and states.get(task_id) == state:
+                return
+            self.check_alive()
+            time.sleep(0.5)
+        raise self.failure(f"{dag_id}.{task_id} was not {state} in {timeout} s", dag_id, run_id)
+
     def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 600) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
