@@ -20,7 +20,7 @@ import pytest
 from tasks import cli
 from tasks.core import catalog, config, manifest, storage
 from tasks.core.catalog import Pointer, Stage
-from tasks.stages import build_index, encode_teacher, fit_pca, stage_corpus, validate
+from tasks.stages import build_index, drift, encode_teacher, fit_pca, stage_corpus, validate
 from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
 from tests.support.tiny_models import build_sentence_model
 
@@ -30,7 +30,15 @@ DAY = date(2026, 11, 1)
 LINES = corpus_lines(160)
 SHARD_ROWS = 80
 QUERY = LINES[7]
-RUN = (Stage.STAGE_CORPUS, Stage.ENCODE_TEACHER, Stage.FIT_PCA, Stage.DISTILL, Stage.VALIDATE, Stage.BUILD_INDEX)
+RUN = (
+    Stage.STAGE_CORPUS,
+    Stage.ENCODE_TEACHER,
+    Stage.FIT_PCA,
+    Stage.DISTILL,
+    Stage.VALIDATE,
+    Stage.BUILD_INDEX,
+    Stage.DRIFT,
+)
 
 
 # -- the stages, with the params the original was built with ------------------------------------------------
@@ -62,15 +70,21 @@ def _index(store: str, **changed: Any) -> manifest.StageResult:
     return build_index.run(config.parse(build_index.BuildIndexParams, values))
 
 
-def _rerun_every_stage(prepared: dict[str, str], store: str, with_validate: bool = True) -> dict[str, bool]:
+def _drift(store: str) -> manifest.StageResult:
+    """The staged partition against the promoted model's training data: itself."""
+    return drift.run(config.parse(drift.DriftParams, {"store": store, "ingest_date": DAY}))
+
+
+def _rerun_every_stage(prepared: dict[str, str], store: str) -> dict[str, bool]:
     """Whether each stage, rerun on ``store`` with the original's params, skipped."""
     results = {
         Stage.STAGE_CORPUS: _corpus(prepared, store),
         Stage.ENCODE_TEACHER: _encode(prepared, store),
         Stage.FIT_PCA: _pca(prepared, store),
         Stage.DISTILL: _distill(prepared, store),
-        **({Stage.VALIDATE: _validate(store)} if with_validate else {}),
+        Stage.VALIDATE: _validate(store),
         Stage.BUILD_INDEX: _index(store),
+        Stage.DRIFT: _drift(store),
     }
     return {str(stage): result.skipped for stage, result in results.items()}
 
@@ -109,12 +123,13 @@ def _file_hashes(folder: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def original(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """A file store through every stage: staged (2 shards), encoded, projected (k=8), distilled ('tiny'),
-    validated (and promoted), indexed (and promoted)."""
+    validated (and promoted), indexed (and promoted), scored for drift."""
     root = tmp_path_factory.mktemp("original")
     prepared = {**projected_store(root, LINES, DAY, SHARD_ROWS), "source": str(root / "raw.txt")}
     _distill(prepared, prepared["store"])
     assert _validate(prepared["store"]).stats["gate"]["passed"]
     _index(prepared["store"])
+    _drift(prepared["store"])
     return {**prepared, "folder": str(root / "store")}
 
 
@@ -235,12 +250,14 @@ def test_a_store_copied_to_another_s3_prefix_is_complete_there(s3_bucket, tmp_pa
     }
     for build in (_corpus, _encode, _pca, _distill):
         build(prepared, store)
+    assert _validate(store).stats["gate"]["passed"]
     _index(store)
+    _drift(store)
     hits = _searched(store, capsys)
     before = _s3_hashes(s3_bucket, "root")
     _copy_prefix(s3_bucket, "root", "root-copy")
     with _s3_requests() as requests:
-        assert set(_rerun_every_stage(prepared, copy, with_validate=False).values()) == {True}
+        assert _rerun_every_stage(prepared, copy) == {str(stage): True for stage in RUN}
         _assert_resolved_into(copy)
         assert _searched(copy, capsys) == hits
         assert not _corpus(prepared, copy, shard_rows=50).skipped

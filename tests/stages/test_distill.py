@@ -254,27 +254,34 @@ def test_two_process_ddp_matches_single_process(prepared):
     assert abs(metrics["best_val_mse"] - single.stats["best_val_mse"]) < 1e-6
 
 
-def test_two_processes_leave_out_each_epochs_tail_and_say_so(prepared):
+# Two processes, 12 steps an epoch (203 training rows, micro-batches of 8 on each), three epochs, checkpoints
+# every 3 steps: the unbroken run the killed one is compared with, and the one whose epochs' tails are checked.
+DDP_STRAIGHT = {"epochs": 3, "dropout": 0.0, "init": "ridge", "checkpoint_every": 3, "eval_every": 4}
+
+
+@pytest.fixture(scope="module")
+def ddp_straight(prepared) -> subprocess.CompletedProcess:
+    done = _torchrun(_values(prepared, name="ddp-straight", **DDP_STRAIGHT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done
+
+
+def test_two_processes_leave_out_each_epochs_tail_and_say_so(prepared, ddp_straight):
     """203 training rows in micro-batches of 8 on each of 2 processes: 12 whole rounds an epoch (192 rows, 12
     steps), the last 11 rows of each epoch's order left out, and the run says so; nothing hangs at the tail."""
-    out = _torchrun(_values(prepared, name="ddp-tail", epochs=2, batch_size=16, init="random"))
-    assert out.returncode == 0, out.stderr[-3000:]
-    metrics = json.loads(storage.read_bytes(_run_file(prepared["store"], "ddp-tail", "metrics.json")))
-    assert metrics["train_rows"] == 203 and metrics["steps"] == metrics["total_steps"] == 2 * 12
-    losses = storage.read_bytes(_run_file(prepared["store"], "ddp-tail", "losses.jsonl")).splitlines()
-    assert [json.loads(line)["step"] for line in losses] == list(range(1, 25))
-    said = "distill ddp-tail: each epoch trains 192 of 203 rows: under DDP the last 11 of its order"
-    assert said in out.stderr + out.stdout
-    assert "epoch 1/2 ended at step 12" in out.stderr + out.stdout
+    metrics = json.loads(storage.read_bytes(_run_file(prepared["store"], "ddp-straight", "metrics.json")))
+    assert metrics["train_rows"] == 203 and metrics["steps"] == metrics["total_steps"] == 3 * 12
+    losses = storage.read_bytes(_run_file(prepared["store"], "ddp-straight", "losses.jsonl")).splitlines()
+    assert [json.loads(line)["step"] for line in losses] == list(range(1, 37))
+    said = ddp_straight.stderr + ddp_straight.stdout
+    assert "distill ddp-straight: each epoch trains 192 of 203 rows: under DDP the last 11 of its order" in said
+    assert "epoch 1/3 ended at step 12" in said and "epoch 2/3 ended at step 24" in said
 
 
-def test_a_killed_two_process_run_resumes_mid_epoch_two_to_the_same_weights(prepared):
-    """Two processes, 12 steps an epoch, killed after a checkpoint inside the second epoch and launched again:
-    the resumed epoch takes that epoch's order (not the first's) and the run ends where an unbroken one does."""
-    common = {"epochs": 3, "dropout": 0.0, "init": "ridge", "checkpoint_every": 3, "eval_every": 4}
-    straight = _torchrun(_values(prepared, name="ddp-straight", **common), "--quiet")
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    killed = _values(prepared, name="ddp-killed", **common)
+def test_a_killed_two_process_run_resumes_mid_epoch_two_to_the_same_weights(prepared, ddp_straight):
+    """The run of ``DDP_STRAIGHT`` killed after a checkpoint inside the second epoch and launched again: the
+    resumed epoch takes that epoch's order (not the first's) and the run ends where the unbroken one does."""
+    killed = _values(prepared, name="ddp-killed", **DDP_STRAIGHT)
     latest = f"{prepared['store']}/students/ddp-killed/checkpoints/latest.json"
     command, env = _torchrun_command(str(HELPER), json.dumps(killed))
     child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tests.support.paths import REPO as ROOT
 from tests.support.postgres import Postgres
-from tests.support.servers import free_port, log_tail, stop_group
+from tests.support.servers import free_port, log_tail, stop_groups
 
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
 
@@ -126,8 +126,8 @@ class AirflowServices:
 
     def stop(self) -> None:
         try:
-            for name in list(self.processes):
-                stop_group(self.processes.pop(name))
+            stop_groups(list(self.processes.values()))
+            self.processes.clear()
         finally:
             self.postgres.stop()
 
@@ -175,7 +175,7 @@ class AirflowServices:
                 return
             except RuntimeError:
                 self.check_alive()
-                time.sleep(2)
+                time.sleep(0.5)
         raise self.failure(f"{dag_id} was not parsed in {timeout} s")
 
     def wait_for_task_state(self, dag_id: str, run_id: str, task_id: str, state: str, timeout: float) -> None:
@@ -195,5 +195,5 @@ class AirflowServices:
             if state in ("success", "failed"):
                 return state
             self.check_alive()
-            time.sleep(2)
+            time.sleep(0.5)
         raise self.failure(f"{dag_id} run {run_id} did not finish in {timeout} s", dag_id, run_id)

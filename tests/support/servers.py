@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import time
 
 
 def free_port() -> int:
@@ -18,10 +19,19 @@ def free_port() -> int:
 
 def stop_group(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
     """Signal ``process``'s group, then wait; SIGKILL the group if it has not exited in ``timeout`` s."""
-    if process.poll() is None:
+    stop_groups([process], sig, timeout)
+
+
+def stop_groups(processes: list[subprocess.Popen], sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+    """Signal every process's group at once, then wait for them together; SIGKILL each group that has not exited
+    ``timeout`` s after the signal."""
+    running = [process for process in processes if process.poll() is None]
+    for process in running:
         os.killpg(process.pid, sig)
+    deadline = time.monotonic() + timeout
+    for process in running:
         try:
-            process.wait(timeout=timeout)
+            process.wait(timeout=max(deadline - time.monotonic(), 0))
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
