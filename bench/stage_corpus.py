@@ -234,7 +234,7 @@ def _settle(store: Path, source: Path) -> None:
     """Stage one sentence as the day before the measured one, once the manifests are older than the window
     in which a listing cannot version them: the index then records every manifest's version, as a store
     staged day after day has it (the first run after a burst of stagings reads their manifests once)."""
-    time.sleep(storage.RACY_NS / 1e9 + 0.5)
+    time.sleep(storage.objects.RACY_NS / 1e9 + 0.5)
     source.write_text("the day before holds one sentence\n")
     stage_corpus.run(_params(store, source, DAY - timedelta(days=1), column="text"))
 

@@ -41,11 +41,11 @@ def retries(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         backed_off.append("botocore")
         return 0.005
 
-    def storage_pause(attempt: int) -> None:
+    def storage_pause(seconds: float) -> None:
         backed_off.append("storage")
 
     monkeypatch.setattr(ExponentialBackoff, "delay_amount", botocore_delay)
-    monkeypatch.setattr(storage, "_pause", storage_pause, raising=False)
+    monkeypatch.setattr(storage.s3, "pause", storage_pause)
     return backed_off
 
 

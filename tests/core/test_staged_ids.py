@@ -133,7 +133,7 @@ def test_segments_stay_bounded_by_compaction(store_root, tmp_path, monkeypatch):
 def test_a_run_reads_only_the_manifests_changed_since_the_index_recorded_them(store_root, tmp_path, monkeypatch):
     """The index keeps each manifest's listed version: a run reads the manifest the run before it published
     (recorded without a version) and no other, however many partitions are staged."""
-    monkeypatch.setattr(storage, "RACY_NS", 0)  # versions of just-written local files count
+    monkeypatch.setattr(storage.objects, "RACY_NS", 0)  # versions of just-written local files count
     for day in range(1, 6):
         _stage(store_root, tmp_path, date(2026, 11, day), [f"day {day} sentence"])
     read, reads = manifest.read, []
@@ -149,7 +149,7 @@ def test_a_run_reads_only_the_manifests_changed_since_the_index_recorded_them(st
 def test_a_manifest_rewritten_since_it_was_recorded_is_read_again(store_root, tmp_path, monkeypatch):
     """A partition re-staged by a run that died before recording its ids: its manifest's version changed,
     so its ids are re-read from its shards and the old ones no longer count."""
-    monkeypatch.setattr(storage, "RACY_NS", 0)
+    monkeypatch.setattr(storage.objects, "RACY_NS", 0)
     _stage(store_root, tmp_path, DAY1, ["alpha one"])
     _stage(store_root, tmp_path, DAY2, ["beta two"])
     _stage(store_root, tmp_path, DAY3, ["unrelated"])  # DAY2's version is recorded now

@@ -189,7 +189,7 @@ def test_verified_parquet_read_hashes_the_whole_object_before_parsing(
     """Small objects are hashed as they are read; large local ones while the parser runs. Either way no table
     comes back from altered bytes, and the integrity error wins over the parse error it would cause."""
     if parallel:
-        monkeypatch.setattr(storage, "_PARALLEL_VERIFY_BYTES", 0)
+        monkeypatch.setattr(storage.verified, "PARALLEL_VERIFY_BYTES", 0)
     uri = storage.join(store_root, "v", "t.parquet")
     table = pa.table({"id": list(range(1000)), "text": [f"sentence {i}" for i in range(1000)]})
     storage.write_parquet(uri, table)
@@ -212,8 +212,8 @@ def test_a_local_file_verified_once_is_not_hashed_again_until_it_changes(
     tmp_path: Path, parallel: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if parallel:
-        monkeypatch.setattr(storage, "_PARALLEL_VERIFY_BYTES", 0)
-    monkeypatch.setattr(storage, "_VERIFIED_LOCAL", {})
+        monkeypatch.setattr(storage.verified, "PARALLEL_VERIFY_BYTES", 0)
+    storage.verified.forget()
     hashed: list[int] = []
     real_sha256 = hashlib.sha256
 
@@ -229,7 +229,7 @@ def test_a_local_file_verified_once_is_not_hashed_again_until_it_changes(
         def hexdigest(self) -> str:
             return self._digest.hexdigest()
 
-    monkeypatch.setattr(storage.hashlib, "sha256", CountingSha256)
+    monkeypatch.setattr(storage.verified.hashlib, "sha256", CountingSha256)
     uri = storage.to_uri(str(tmp_path / "t.parquet"))
     table = pa.table({"id": list(range(1000)), "text": [f"sentence {i}" for i in range(1000)]})
     storage.write_parquet(uri, table)
