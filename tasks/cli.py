@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import logging
 import re
@@ -30,7 +29,7 @@ from pydantic.fields import FieldInfo
 from tasks.core import config
 from tasks.core.catalog import RUN_NAME_PATTERN, Stage
 from tasks.core.uris import StorageError, to_uri
-from tasks.stages.params import PARAMS
+from tasks.stages import registry
 
 HELP = {
     Stage.STAGE_CORPUS: "stage raw sentence files into a sentences partition",
@@ -107,7 +106,7 @@ def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel]) 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hpd", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    for stage, model in PARAMS.items():
+    for stage, model in registry.STAGES.items():
         stage_parser = sub.add_parser(command_name(stage), help=HELP[stage], description=HELP[stage])
         _add_model_options(stage_parser, model)
         stage_parser.add_argument("--force", action="store_true", help="rerun even if a matching manifest exists")
@@ -280,7 +279,7 @@ def _store(args: dict) -> str:
 
 def _demo(args: dict) -> int:
     from tasks import demo
-    from tasks.stages import build_index
+    from tasks.ml import vector_index
 
     store = _store(args)
     plan = demo.DemoPlan(
@@ -302,7 +301,7 @@ def _demo(args: dict) -> int:
     for name, uri in where.items():
         print(f"{name + ':':<40}{uri}")
     print(f"\nhpd search {args['query']!r}:")
-    for hit in build_index.search(store, args["query"], 3):
+    for hit in vector_index.search(store, args["query"], 3):
         print(f"{hit['rank']:>3}  {hit['score']:.4f}  {hit['text']}")
     return 0
 
@@ -338,9 +337,9 @@ def _serve(args: dict) -> int:
 
 
 def _search_here(store: str, query: str, k: int) -> list[dict]:
-    from tasks.stages import build_index  # imported only here: an answer from the service needs no torch
+    from tasks.ml import vector_index  # imported only here: an answer from the service needs no torch
 
-    return build_index.search(store, query, k)
+    return vector_index.search(store, query, k)
 
 
 def _lineage(args: dict) -> int:
@@ -386,11 +385,11 @@ def _runs(args: dict) -> int:
 def _run_stage(stage: Stage, args: dict) -> int:
     force, quiet, table = args.pop("force"), args.pop("quiet"), args.pop("table", False)
     try:
-        params = config.parse(PARAMS[stage], args)
+        params = config.parse(registry.STAGES[stage], args)
     except config.ConfigError as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 2
-    module = importlib.import_module(f"tasks.stages.{stage}")
+    module = registry.module(stage)
     bars = not quiet and sys.stderr.isatty()
     try:
         with _bars_and_logs() if bars else contextlib.nullcontext():

@@ -1,5 +1,6 @@
 """The shape of the code: short functions and classes, and imports that flow one way between the wings
-of ``tasks`` (core <- ml <- stages <- orchestration; the CLI and the demo on top)."""
+of ``tasks`` (core <- ml <- stages <- orchestration, core <- ml <- serve; the CLI and the demo on top), each
+one a statement a reader sees (none built from a string at run time)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ ALLOWED = {
     "tasks.core": ("tasks.core",),
     "tasks.ml": ("tasks.core", "tasks.ml"),
     "tasks.stages": ("tasks.core", "tasks.ml", "tasks.stages"),
-    "tasks.orchestration": ("tasks.core", "tasks.stages.params", "tasks.orchestration"),
-    "tasks.serve": ("tasks.core", "tasks.ml", "tasks.stages", "tasks.serve"),
+    "tasks.orchestration": ("tasks.core", "tasks.stages.params", "tasks.stages.registry", "tasks.orchestration"),
+    "tasks.serve": ("tasks.core", "tasks.ml", "tasks.serve"),
 }
 
 
@@ -70,6 +71,44 @@ def test_the_architecture_test_sees_a_wrong_import(tmp_path):
     sample = tmp_path / "sample.py"
     sample.write_text("def f():\n    from tasks.stages import distill\n    import tasks.ml.encoder\n")
     assert _imported(sample) == {"tasks.stages.distill", "tasks.ml.encoder"}
+
+
+def _imports_built_at_run_time(path: Path) -> list[str]:
+    """Calls that import a module named by a value (``importlib.import_module``, ``__import__``): an edge that
+    no reader or tool sees."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] in ("import_module", "__import__"):
+            found.append(f"{path.relative_to(REPO) if path.is_relative_to(REPO) else path}:{node.lineno}")
+    return found
+
+
+def test_no_import_is_built_from_a_string():
+    assert [where for path in _sources("tasks", "dags") for where in _imports_built_at_run_time(path)] == []
+
+
+def test_the_string_import_scan_sees_each_way(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "importlib.import_module(f'tasks.stages.{s}')\nimport_module(name)\n__import__(name)\n"
+        "from importlib import resources\nresources.files('tasks')\n"
+    )
+    assert [where.rsplit(":", 1)[1] for where in _imports_built_at_run_time(sample)] == ["1", "2", "3"]
+
+
+def test_every_stage_runs_through_the_registry():
+    """Each stage the CLI offers is in the registry, whose module for it has ``run``; the profile (made by drift,
+    never run on its own) is the only stage without one."""
+    from tasks import cli
+    from tasks.core.catalog import Stage
+    from tasks.stages import registry
+
+    assert set(Stage) - set(registry.STAGES) == {Stage.PROFILE}
+    commands = set(cli.build_parser()._subparsers._group_actions[0].choices)  # noqa: SLF001 - argparse's
+    assert {cli.command_name(stage) for stage in registry.STAGES} <= commands
+    assert all(callable(registry.module(stage).run) for stage in registry.STAGES)
+    with pytest.raises(ValueError, match="profile: not a stage that runs on its own"):
+        registry.module(Stage.PROFILE)
 
 
 # Nothing in ``tasks`` unpickles: bytes from the store (checkpoints, models, archives) are data, never code.

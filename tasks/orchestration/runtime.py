@@ -3,7 +3,6 @@ the events a run emits, the new-data check of a retrain, the quality gate's verd
 
 from __future__ import annotations
 
-import importlib
 import logging
 from datetime import date
 from typing import Any
@@ -15,6 +14,7 @@ from tasks.core.catalog import Stage
 from tasks.core.config import StageParams
 from tasks.core.manifest import StageResult
 from tasks.orchestration import assets
+from tasks.stages import registry
 
 log = logging.getLogger(__name__)
 
@@ -56,9 +56,7 @@ def store_of(params: dict) -> str:
 
 def stage_params(stage: Stage, values: dict[str, Any], params: dict) -> StageParams:
     """``values`` and the run's store, validated into the stage's parameter model."""
-    from tasks.stages.params import PARAMS
-
-    return config.parse(PARAMS[stage], with_store(values, params))
+    return config.parse(registry.STAGES[stage], with_store(values, params))
 
 
 def staging_params(context: dict) -> StageParams:
@@ -69,7 +67,7 @@ def staging_params(context: dict) -> StageParams:
 
 
 def run_stage(stage: Stage, parsed: StageParams) -> StageResult:
-    """Run ``stage`` (the module ``tasks.stages.<stage>``) with validated parameters, in the current Airflow task:
+    """Run ``stage`` (through the stage registry) with validated parameters, in the current Airflow task:
     its manifest records the task instance, and its inputs and outputs become the task's lineage."""
     from airflow.sdk import get_current_context
 
@@ -77,7 +75,7 @@ def run_stage(stage: Stage, parsed: StageParams) -> StageResult:
 
     openlineage.forget_earlier_tasks()
     with manifest.orchestrated_by(openlineage.airflow_run(get_current_context())):
-        result = importlib.import_module(f"tasks.stages.{stage}").run(parsed)
+        result = registry.run(stage, parsed)
     openlineage.report(result, parsed.store)
     return result
 
