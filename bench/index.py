@@ -16,10 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from bench import distill_quality, results
-from tasks.core import catalog, datasets, manifest, sentences, storage
+from tasks.core import catalog, manifest, parquet_shards, sentences, storage
 from tasks.core.catalog import Stage
-from tasks.ml import models, student
-from tasks.stages import build_index
+from tasks.ml import models, student, vector_index
 
 STUDENT_RUN = "recipe-MiniLM-L6"
 QUERIES = 1000
@@ -42,7 +41,7 @@ def main() -> dict:
         texts.extend(storage.read_parquet(uri, columns=["text"]).column("text").to_pylist())
         key = catalog.teacher_shard_key(models.DEFAULT_TEACHER, day, uri)
         published = manifest.read(store, Stage.ENCODE_TEACHER, key)
-        teacher.append(datasets.vectors(storage.read_parquet(published.outputs[0].uri), "embedding"))
+        teacher.append(parquet_shards.vectors(storage.read_parquet(published.outputs[0].uri), "embedding"))
     with tempfile.TemporaryDirectory() as scratch:
         student_model = SentenceEncoder.load(str(student.fetch_exported(store, STUDENT_RUN, Path(scratch))))
         student_vectors = student_model.encode(texts, batch_size=128)
@@ -51,8 +50,8 @@ def main() -> dict:
     measured, neighbours = {}, {}
     for name, x in vectors.items():
         faiss.normalize_L2(x)
-        index = build_index.build(x, "Flat", 1)
-        speed = build_index.measure(index, x)
+        index = vector_index.build(x, "Flat", 1)
+        speed = vector_index.measure(index, x)
         _, neighbours[name] = index.search(x[queries_at], 11)
         measured[name] = {"dim": int(x.shape[1]), "bytes": len(faiss.serialize_index(index)), **speed}
     # The query itself is its own nearest neighbour in both: compare the next 10.

@@ -65,12 +65,12 @@ TEACHER_SAMPLE = 1000
 
 def base_sentences() -> list[str]:
     """The corpus's sentences, normalised, each distinct one once, in corpus order."""
-    from tasks.core.sentences import normalise
+    from tasks.core.sentences import normalise_text
 
     with gzip.open(CORPUS, "rt", encoding="utf-8") as fh:
         header, *rows = fh.read().splitlines()
     position = header.split("\t").index("sentence")
-    texts = (normalise(row.split("\t")[position]) for row in rows)
+    texts = (normalise_text(row.split("\t")[position]) for row in rows)
     return [t for t in dict.fromkeys(texts) if t]
 
 
@@ -199,7 +199,7 @@ def _target_vectors(store: str) -> np.ndarray:
     """The PCA run's projected targets (every row, shard order), L2-normalised as ``build_index`` does."""
     import faiss
 
-    from tasks.core import catalog, datasets, manifest, storage
+    from tasks.core import catalog, manifest, parquet_shards, storage
     from tasks.core.catalog import Dataset, Stage
     from tasks.ml.models import DEFAULT_TEACHER
 
@@ -208,7 +208,7 @@ def _target_vectors(store: str) -> np.ndarray:
     shards = published.outputs_of(Dataset.PROJECTED_TARGETS)
     vectors, row = np.empty((sum(s.rows for s in shards), K), np.float32), 0
     for shard in shards:
-        block = datasets.vectors(storage.read_parquet(shard.uri, sha256=shard.sha256), "target")
+        block = parquet_shards.vectors(storage.read_parquet(shard.uri, sha256=shard.sha256), "target")
         vectors[row : row + len(block)], row = block, row + len(block)
     faiss.normalize_L2(vectors)
     return vectors
@@ -232,6 +232,7 @@ def _index(work: Path) -> dict[str, Any]:
     import faiss
 
     from tasks.core import config
+    from tasks.ml import vector_index
     from tasks.stages import build_index
     from tasks.stages.params import BuildIndexParams
 
@@ -242,10 +243,10 @@ def _index(work: Path) -> dict[str, Any]:
     index_type = build_index.choose_type(params.index_type, len(vectors))
     factory = build_index.factory_string(index_type, len(vectors), K, params)
     start = time.perf_counter()
-    index = build_index.build(vectors, factory, params.nprobe, params.refine_k_factor, params.hnsw_ef_search)
+    index = vector_index.build(vectors, factory, params.nprobe, params.refine_k_factor, params.hnsw_ef_search)
     build_s, build_peak = time.perf_counter() - start, status_mb("VmHWM")
     start = time.perf_counter()
-    breadth = build_index.tune_search(index, build_index.RecallSample.of(vectors), params.target_recall)
+    breadth = vector_index.tune_search(index, vector_index.RecallSample.of(vectors), params.target_recall)
     tune_s = time.perf_counter() - start
     size = len(faiss.serialize_index(index))
     queries = _queries(_store(work))

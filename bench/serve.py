@@ -18,7 +18,7 @@ halfway, ``indexes/current.json`` moves to the second index (and on, up to SWAP_
 and service share the machine's cores; the service searches with one FAISS thread (its default). The served graph
 also encodes the single-query run's queries in the benchmark's own process (no HTTP, no search): ``encode_only_ms``,
 the floor under the service's latency on this machine.
-Baseline: one search without a service (:func:`build_index.search`: load the student and the largest index,
+Baseline: one search without a service (:func:`vector_index.search`: load the student and the largest index,
 then answer), which is what each ``hpd search`` did before, interpreter start not counted.
 """
 
@@ -43,8 +43,9 @@ import numpy as np
 import pyarrow as pa
 
 from bench import CORPUS, REPO, results
-from tasks.core import catalog, datasets, storage
+from tasks.core import catalog, parquet_shards, storage
 from tasks.core.catalog import IndexPointer, Pointer, Stage
+from tasks.ml import vector_index
 from tasks.stages import build_index
 
 SOURCE_STORE = REPO / "var" / "store"
@@ -74,7 +75,7 @@ def _publish_pair(store: str, dim: int, model_run: str, vectors: int) -> tuple[I
     faiss.normalize_L2(data)
     kind = build_index.choose_type("auto", vectors)
     factory = build_index.factory_string(kind, vectors, dim, BuildIndexParams(store=store))
-    body = faiss.serialize_index(build_index.build(data, factory, 16)).tobytes()
+    body = faiss.serialize_index(vector_index.build(data, factory, 16)).tobytes()
     return tuple(_publish(store, f"bench-serve-{vectors}-{n}", body, dim, model_run, vectors) for n in "ab")
 
 
@@ -89,7 +90,7 @@ def _publish(store: str, name: str, body: bytes, dim: int, model_run: str, vecto
     run.write_output(index_uri, body, rows=vectors)
     ids = [f"{name}-{i}" for i in range(vectors)]
     run.write_output(
-        ids_uri, datasets.parquet_bytes(pa.table({"sentence_id": ids, "text": ids}), dictionary=[]), rows=vectors
+        ids_uri, parquet_shards.parquet_bytes(pa.table({"sentence_id": ids, "text": ids}), dictionary=[]), rows=vectors
     )
     run.publish()
     return IndexPointer(index_uri, ids_uri, catalog.manifest_uri(store, Stage.BUILD_INDEX, name), model_run, dim, name)
@@ -217,7 +218,7 @@ def _encode_floor(store: str, model_run: str, queries: list[str]) -> dict[str, f
     from tasks.ml import student
 
     with tempfile.TemporaryDirectory() as scratch:
-        encoder = build_index.query_encoder(student.fetch_exported(store, model_run, Path(scratch)))
+        encoder = vector_index.query_encoder(student.fetch_exported(store, model_run, Path(scratch)))
     took = []
     for n, query in enumerate((queries * 2)[: SINGLE_REQUESTS + 20]):
         start = time.perf_counter()
@@ -232,7 +233,7 @@ def _baseline(store: str, queries: list[str], runs: int = 3) -> float:
     times = []
     for query in queries[:runs]:
         start = time.perf_counter()
-        build_index.search(store, query, K)
+        vector_index.search(store, query, K)
         times.append(time.perf_counter() - start)
     return float(np.median(times)) * 1000
 

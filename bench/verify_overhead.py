@@ -72,7 +72,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench import CORPUS, REPO, results
-from tasks.core import catalog, config, datasets, manifest, storage
+from tasks.core import catalog, config, manifest, parquet_shards, storage
 from tasks.core.catalog import Dataset, Stage
 from tasks.stages import augment, fit_pca, quality
 from tasks.stages.params import AugmentParams, FitPCAParams, QualityParams
@@ -87,7 +87,7 @@ READ_MODES = ("verified", "unverified", "remembered")
 STAGE_MODES = ("verified", "unverified")
 RACY_S = 2.1  # storage remembers no file modified in its last 2 s
 COLUMNS = {"sentences": ["sentence_id", "text"], "teacher_embeddings": ["sentence_id", "embedding"]}
-Record = manifest.Output | datasets.Shard
+Record = manifest.Output | parquet_shards.Shard
 STAGE_REPEATS = {"fit-pca": 9, "quality": 21, "augment": 11}  # timed runs per mode, after a warm-up of each
 HASH_REPEATS = 5
 CHUNK = 1024 * 1024  # as storage's read path feeds the hash
@@ -105,7 +105,7 @@ def _staged(store: str) -> list[manifest.Output]:
     return list(published.outputs)
 
 
-def _teacher_like(store: str, staged: list[manifest.Output]) -> list[datasets.Shard]:
+def _teacher_like(store: str, staged: list[manifest.Output]) -> list[parquet_shards.Shard]:
     """A teacher-embeddings shard per staged shard: its sentence ids with random unit vectors."""
     rng, shards = np.random.default_rng(0), []
     for shard in staged:
@@ -117,13 +117,13 @@ def _teacher_like(store: str, staged: list[manifest.Output]) -> list[datasets.Sh
         )
         prefix = catalog.teacher_prefix(store, TEACHER, DAY)
         stem = catalog.derived_stem(shard.uri)
-        written = datasets.write_shard(prefix, stem, table, Dataset.TEACHER_EMBEDDINGS, dim=DIM, model_id=TEACHER)
+        written = parquet_shards.write_shard(prefix, stem, table, Dataset.TEACHER_EMBEDDINGS, dim=DIM, model_id=TEACHER)
         _publish_encoded(store, shard, written)
         shards.append(written)
     return shards
 
 
-def _publish_encoded(store: str, staged: manifest.Output, written: datasets.Shard) -> None:
+def _publish_encoded(store: str, staged: manifest.Output, written: parquet_shards.Shard) -> None:
     """The encode-teacher manifest of one teacher-like shard, as encode-teacher publishes it (input: the staged
     shard with its checksum; output: the shard), so fit-pca finds and verifies it as it does real ones."""
     stage_run = manifest.StageRun(
@@ -140,13 +140,12 @@ def _publish_encoded(store: str, staged: manifest.Output, written: datasets.Shar
 def _forget_verified() -> None:
     """Empty storage's memo of the local files this process has hashed to their recorded sha256 (a re-read of an
     unchanged file is not hashed again), so that the next verified read of each file hashes it, as the first
-    read in a fresh process (an Airflow task, a CLI run) does. A private name: if it moves, this fails loudly
-    rather than time the memo in place of the hash."""
-    storage._VERIFIED_LOCAL.clear()
+    read in a fresh process (an Airflow task, a CLI run) does."""
+    storage.verified.forget()
 
 
 def _remembered(uris: Iterable[str]) -> bool:
-    return all(uri in storage._VERIFIED_LOCAL for uri in uris)
+    return all(storage.verified.remembered(uri) for uri in uris)
 
 
 def _pass(shards: list[Record], columns: list[str], mode: str) -> float:

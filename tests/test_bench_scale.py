@@ -6,14 +6,14 @@ from __future__ import annotations
 import numpy as np
 
 from bench import scale
-from tasks.core.sentences import normalise
+from tasks.core.sentences import normalise_text
 
 
 def test_derived_sentences_are_distinct_and_normal():
     base = [f"Sentence number {i} says something ." for i in range(97)]
     texts = [scale.derived(i, base) for i in range(97 * 60)]
-    assert len({normalise(t) for t in texts}) == len(texts)
-    assert all(normalise(t) == t for t in texts)
+    assert len({normalise_text(t) for t in texts}) == len(texts)
+    assert all(normalise_text(t) == t for t in texts)
     assert texts[:97] == base
 
 

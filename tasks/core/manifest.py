@@ -453,7 +453,7 @@ class StageRun:
         self.add_output(uri, body, rows)
 
     def add_shard(self, shard: Any) -> None:
-        """Record a published :class:`tasks.core.datasets.Shard`."""
+        """Record a published :class:`tasks.core.parquet_shards.Shard`."""
         self.outputs.append(
             Output(shard.uri, shard.sha256, shard.rows, shard.bytes, shard.contract, shard.schema_version)
         )

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.core import catalog, contracts, datasets, manifest, storage
+from tasks.core import catalog, contracts, manifest, parquet_shards, storage
 from tasks.core.catalog import Dataset, Stage
 
 _WRITERS = 2  # shards encoded and written at a time: Parquet encoding and the write release the GIL
@@ -30,7 +30,7 @@ _CONTROL_TO_SPACE = {code: " " for code in (*range(0x20), *range(0x7F, 0xA0))}
 _EPOCH = date(1970, 1, 1)  # date32 counts days from it
 
 
-def normalise(text: str) -> str:
+def normalise_text(text: str) -> str:
     """Unicode NFC, control characters replaced by spaces, whitespace runs collapsed to one space and the
     ends stripped."""
     return " ".join(unicodedata.normalize("NFC", text).translate(_CONTROL_TO_SPACE).split())
@@ -99,9 +99,11 @@ def publish_shards(stage_run: manifest.StageRun, ingest_date: date, tables: Iter
     stage_run.previous_outputs()  # read the replaced manifest now: publish compare-and-swaps against it
     prefix = catalog.sentences_prefix(stage_run.store, stage_run.stage, ingest_date)
     with stage_run.phase("write_shards"), ThreadPoolExecutor(_WRITERS, thread_name_prefix="hpd-shards") as pool:
-        pending: deque[Future[datasets.Shard]] = deque()
+        pending: deque[Future[parquet_shards.Shard]] = deque()
         for index, shard in enumerate(tables):  # the next table is made while the last ones are encoded
-            pending.append(pool.submit(datasets.write_shard, prefix, f"part-{index:05d}", shard, Dataset.SENTENCES))
+            pending.append(
+                pool.submit(parquet_shards.write_shard, prefix, f"part-{index:05d}", shard, Dataset.SENTENCES)
+            )
             if len(pending) > _WRITERS:
                 stage_run.add_shard(pending.popleft().result())
         for written in pending:

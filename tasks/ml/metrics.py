@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 
-def normalise(x: np.ndarray) -> np.ndarray:
+def l2_normalise(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, dtype=np.float64)
     return x / np.maximum(np.linalg.norm(x, axis=1, keepdims=True), 1e-12)
 
@@ -13,7 +13,7 @@ def normalise(x: np.ndarray) -> np.ndarray:
 def nearest(corpus: np.ndarray, queries: np.ndarray, k: int, exclude_self: bool = False) -> np.ndarray:
     """Indices of the ``k`` most cosine-similar corpus rows per query (exact search); with
     ``exclude_self`` the queries are corpus rows ``0..len(queries)-1`` and each skips itself."""
-    scores = normalise(queries) @ normalise(corpus).T
+    scores = l2_normalise(queries) @ l2_normalise(corpus).T
     if exclude_self:
         scores[np.arange(len(queries)), np.arange(len(queries))] = -np.inf
     return np.argsort(-scores, axis=1, kind="stable")[:, :k]
@@ -27,7 +27,7 @@ def recall_at_k(found: np.ndarray, truth: np.ndarray) -> float:
 
 def mean_reciprocal_rank(queries: np.ndarray, candidates: np.ndarray, answers: np.ndarray) -> float:
     """MRR of retrieving candidate ``answers[i]`` for query ``i`` among all candidates by cosine."""
-    scores = normalise(queries) @ normalise(candidates).T
+    scores = l2_normalise(queries) @ l2_normalise(candidates).T
     correct = scores[np.arange(len(queries)), answers]
     ranks = 1 + (scores > correct[:, None]).sum(axis=1)
     return float(np.mean(1.0 / ranks))
@@ -36,5 +36,5 @@ def mean_reciprocal_rank(queries: np.ndarray, candidates: np.ndarray, answers: n
 def fidelity(predicted: np.ndarray, targets: np.ndarray) -> dict:
     """Mean squared error and mean cosine between student outputs and teacher targets."""
     predicted, targets = np.asarray(predicted, np.float64), np.asarray(targets, np.float64)
-    cosine = (normalise(predicted) * normalise(targets)).sum(axis=1)
+    cosine = (l2_normalise(predicted) * l2_normalise(targets)).sum(axis=1)
     return {"mse": float(((predicted - targets) ** 2).mean()), "mean_cosine": float(cosine.mean())}

@@ -21,8 +21,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.ml.vector_index import LoadedIndex
 from tasks.serve.holder import IndexHolder, describe
-from tasks.stages.build_index import LoadedIndex
 
 MAX_K = 1000  # as `hpd search -k` (tasks.cli.MAX_HITS)
 MAX_BATCH = 256

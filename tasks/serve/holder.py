@@ -16,15 +16,15 @@ from typing import Any
 
 from tasks.core import catalog, storage, uris
 from tasks.core.catalog import Pointer
-from tasks.stages import build_index
-from tasks.stages.build_index import LoadedIndex
+from tasks.ml import vector_index
+from tasks.ml.vector_index import LoadedIndex
 
 log = logging.getLogger(__name__)
 
 
 class IndexHolder:
     """The served index (or None before one is promoted), the pointer etag last tried, and the poller;
-    ``query_encoder`` as :func:`build_index.load_current` takes it; the OpenMP threads a FAISS search may use."""
+    ``query_encoder`` as :func:`vector_index.load_current` takes it; the OpenMP threads a FAISS search may use."""
 
     def __init__(self, store: str, poll_s: float, query_encoder: str = "auto", search_threads: int = 1) -> None:
         self.store, self.poll_s, self.query_encoder = store, poll_s, query_encoder
@@ -62,7 +62,7 @@ class IndexHolder:
             return False
         self.tried_etag = etag
         try:
-            loaded = build_index.load_current(self.store, self.query_encoder)
+            loaded = vector_index.load_current(self.store, self.query_encoder)
         except (ValueError, uris.StorageError) as exc:
             self.last_error = str(exc)
             log.error("serve: %s; still serving %s", exc, self.current.index_key if self.current else "nothing")

@@ -199,7 +199,7 @@ def _generate(
             parents = [p for p in parents if selected(params.seed, augmenter.method, p["sentence_id"], params.fraction)]
             variants = augmenter.apply([(p["sentence_id"], p["text"]) for p in parents])
             generated.extend(
-                (augmenter, parent, sentences.normalise(variant), shard_uri)
+                (augmenter, parent, sentences.normalise_text(variant), shard_uri)
                 for parent, variant in zip(parents, variants, strict=True)
             )
             reporter.update(read)

@@ -19,35 +19,27 @@ naming a missing or partial index: one wins, the other fails with :class:`Promot
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import tempfile
-import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-from tasks.core import catalog, datasets, manifest, sentences, storage, uris
+from tasks.core import catalog, manifest, parquet_shards, sentences, storage, uris
 from tasks.core.catalog import Dataset, Pointer, Stage
 from tasks.core.progress import Progress, format_bytes, format_duration
 from tasks.ml import student
+from tasks.ml.vector_index import IndexBuildError, RecallSample, build, measure, tune_search
 from tasks.stages.params import BuildIndexParams
 
-QUERY_SAMPLE = 200
-MAX_EF_SEARCH = 1024  # the widest HNSW search tuning tries
-MIN_RECALL_GAIN = 0.005  # a doubled search breadth that recalls less than this more is undone, and tuning stops
 _REFINE = {"none": "", "sq8": ",Refine(SQ8)", "flat": ",RFlat"}  # factory suffix of each IVF-PQ re-rank
 INDEX_FILE = "index.faiss"
 
 log = logging.getLogger(__name__)
-
-
-class IndexBuildError(ValueError):
-    """The index cannot be built or promoted as asked; the message names the input."""
 
 
 class PromotionConflict(IndexBuildError):
@@ -98,7 +90,7 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
     corpus = _encode_corpus(params, stage_run, staged, prefix, progress)
     stage_run.stats = _write_index(stage_run, prefix, corpus, params)
     stage_run.add_shard(
-        datasets.write_shard(
+        parquet_shards.write_shard(
             prefix,
             "ids",
             pa.table(
@@ -189,7 +181,7 @@ def _encode_corpus(
 
 def _write_embeddings(
     prefix: str, shard_uri: str, table: pa.Table, vectors: np.ndarray, model_run: str
-) -> datasets.Shard:
+) -> parquet_shards.Shard:
     """Publish the student embeddings of one corpus shard."""
     embeddings = pa.table(
         {
@@ -197,7 +189,7 @@ def _write_embeddings(
             "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1]),
         }
     )
-    return datasets.write_shard(
+    return parquet_shards.write_shard(
         storage.join(prefix, Dataset.STUDENT_EMBEDDINGS),
         catalog.derived_stem(shard_uri),
         embeddings,
@@ -244,107 +236,6 @@ def _write_index(
     }
 
 
-def build(vectors: np.ndarray, factory: str, nprobe: int, k_factor: float = 16.0, ef_search: int = 16):
-    """The index ``factory`` names over ``vectors``: IVF probing ``nprobe`` lists, HNSW keeping ``ef_search``
-    candidates, a re-ranking one (``Refine``) re-scoring ``k_factor`` times k candidates."""
-    import faiss
-
-    index = faiss.index_factory(vectors.shape[1], factory, faiss.METRIC_INNER_PRODUCT)
-    if not index.is_trained:
-        index.train(vectors)
-    index.add(vectors)
-    if factory.startswith("IVF"):
-        faiss.extract_index_ivf(index).nprobe = nprobe
-    if hasattr(index, "hnsw"):
-        index.hnsw.efSearch = ef_search
-    if isinstance(index, faiss.IndexRefine):
-        index.k_factor = k_factor
-    return index
-
-
-@dataclass(frozen=True)
-class RecallSample:
-    """Queries drawn from the indexed vectors, and each one's exact ``k`` nearest neighbours (inner product)
-    other than itself: an indexed vector finds itself almost always, which a new query cannot, so it is left
-    out of both sides."""
-
-    queries: np.ndarray
-    rows: np.ndarray
-    truth: list[list[int]]
-    k: int
-
-    @classmethod
-    def of(cls, vectors: np.ndarray, k: int = 10) -> RecallSample:
-        import faiss
-
-        rows = np.random.default_rng(0).choice(len(vectors), min(QUERY_SAMPLE, len(vectors)), replace=False)
-        queries = np.ascontiguousarray(vectors[rows])
-        _, truth = faiss.knn(queries, vectors, k + 1, faiss.METRIC_INNER_PRODUCT)
-        return cls(queries, rows, _others(truth, rows, k), k)
-
-    def recall(self, index) -> float:
-        """The share of the exact neighbours ``index`` finds."""
-        _, found = index.search(self.queries, self.k + 1)
-        hits = [
-            len(set(f) & set(t)) / self.k for f, t in zip(_others(found, self.rows, self.k), self.truth, strict=True)
-        ]
-        return float(np.mean(hits))
-
-
-def _others(neighbours: np.ndarray, rows: np.ndarray, k: int) -> list[list[int]]:
-    """Each query's first ``k`` neighbours that are not its own row."""
-    return [[int(n) for n in found if n != own][:k] for found, own in zip(neighbours, rows, strict=True)]
-
-
-def _breadth_knob(index) -> tuple[str, Any, str, int] | None:
-    """(name, object, attribute, largest value) of what widens ``index``'s search; None for an exact one."""
-    import faiss
-
-    if hasattr(index, "hnsw"):
-        return "ef_search", index.hnsw, "efSearch", MAX_EF_SEARCH
-    ivf = faiss.try_extract_index_ivf(index)
-    return None if ivf is None else ("nprobe", ivf, "nprobe", int(ivf.nlist))
-
-
-def tune_search(index, sample: RecallSample, target: float) -> dict[str, int]:
-    """Double ``index``'s search breadth from its current value until ``sample`` reaches ``target`` recall, the
-    breadth its limit (every list; :data:`MAX_EF_SEARCH`), or a doubling gains less than :data:`MIN_RECALL_GAIN`
-    (undone: the codes, not the breadth, bound the recall then); the breadth kept: ``{"nprobe": n}`` or
-    ``{"ef_search": n}``, empty for an exact index."""
-    knob = _breadth_knob(index)
-    if knob is None:
-        return {}
-    name, owner, attribute, limit = knob
-    recall = sample.recall(index)
-    while recall < target and getattr(owner, attribute) < limit:
-        before = getattr(owner, attribute)
-        setattr(owner, attribute, min(2 * before, limit))
-        widened = sample.recall(index)
-        if widened - recall < MIN_RECALL_GAIN:
-            setattr(owner, attribute, before)
-            break
-        recall = widened
-    return {name: int(getattr(owner, attribute))}
-
-
-def measure(index, sample: RecallSample) -> dict[str, float]:
-    """Queries/s at batch 1 and 64 and recall@k against exact search, on ``sample``."""
-    queries = sample.queries
-    start = time.perf_counter()
-    for row in queries:
-        index.search(row[None, :], sample.k)
-    qps_1 = len(queries) / (time.perf_counter() - start)
-    start = time.perf_counter()
-    for first in range(0, len(queries), 64):
-        index.search(queries[first : first + 64], sample.k)
-    qps_64 = len(queries) / (time.perf_counter() - start)
-    return {
-        "queries_per_s_batch1": round(qps_1, 1),
-        "queries_per_s_batch64": round(qps_64, 1),
-        f"recall_at_{sample.k}": round(sample.recall(index), 4),
-    }
-
-
 def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> catalog.IndexPointer:
     """Move ``indexes/current.json`` to a published index, by compare-and-swap against ``seen_etag``."""
     index_uri, ids_uri = published.output_named(INDEX_FILE).uri, published.outputs_of(Dataset.INDEX_IDS)[0].uri
@@ -369,127 +260,3 @@ def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> 
     where = catalog.pointer_uri(store, Pointer.INDEX)
     log.info("build_index %s: promoted; %s names %s", published.key, uris.redact(where), uris.redact(index_uri))
     return pointer
-
-
-def search(store: str, query: str, k: int = 5) -> list[dict]:
-    """The ``k`` nearest corpus sentences to ``query`` in the current index."""
-    return load_current(store).search([query], k)[0]
-
-
-@dataclass(frozen=True)
-class LoadedIndex:
-    """The promoted index in memory: the student that encodes queries, the FAISS index, its id map, and the
-    pointer (and its etag) it was loaded from. Immutable once loaded: a service swaps whole instances."""
-
-    store: str
-    pointer: catalog.IndexPointer
-    etag: str | None
-    encoder: Any
-    index: Any
-    sentence_ids: list[str]
-    texts: list[str]
-    loaded_at: float
-    lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
-
-    @property
-    def index_key(self) -> str:
-        return catalog.store_key(self.store, self.pointer.index) or self.pointer.index
-
-    @property
-    def query_encoder(self) -> str:
-        """``onnx-int8`` or ``onnx-fp32`` (ONNX Runtime), or ``torch`` (:func:`query_encoder`)."""
-        from tasks.ml.onnx_encoder import OnnxEncoder
-
-        return f"onnx-{self.encoder.variant}" if isinstance(self.encoder, OnnxEncoder) else "torch"
-
-    @property
-    def encodes_one_lock_free(self) -> bool:
-        """Whether one query encodes without the lock: through an ONNX graph whose single-query path is safe to
-        share between threads (:attr:`OnnxEncoder.encodes_one_thread_safely`)."""
-        from tasks.ml.onnx_encoder import OnnxEncoder
-
-        return isinstance(self.encoder, OnnxEncoder) and self.encoder.encodes_one_thread_safely
-
-    def search(self, queries: list[str], k: int) -> list[list[dict]]:
-        """The ``k`` nearest corpus sentences to each query. Encoding holds a lock (a fast tokenizer is not
-        safe to call from two threads at once), except for one query :attr:`encodes_one_lock_free`; FAISS
-        searches concurrently."""
-        import faiss
-
-        with contextlib.nullcontext() if len(queries) == 1 and self.encodes_one_lock_free else self.lock:
-            vectors = self.encoder.encode(queries)
-        faiss.normalize_L2(vectors)
-        scores, rows = self.index.search(vectors, k)
-        return [
-            [
-                {
-                    "rank": rank + 1,
-                    "score": round(float(s), 4),
-                    "sentence_id": self.sentence_ids[r],
-                    "text": self.texts[r],
-                }
-                for rank, (s, r) in enumerate(zip(row_scores, row_ids, strict=True))
-                if r >= 0
-            ]
-            for row_scores, row_ids in zip(scores, rows, strict=True)
-        ]
-
-
-def current_pointer(store: str) -> tuple[catalog.IndexPointer, str | None]:
-    """The promoted index pointer and its etag, every object it names checked to lie inside ``store``."""
-    pointer, etag = catalog.read_pointer(store, Pointer.INDEX)
-    where = catalog.pointer_uri(store, Pointer.INDEX)
-    if pointer is None:
-        raise IndexBuildError(f"{where}: no index promoted yet; run build-index")
-    for uri in (pointer.index, pointer.ids, pointer.manifest):
-        if catalog.store_key(store, uri) is None:  # a hand-made pointer may hold an absolute URI: not followed out
-            raise IndexBuildError(f"{where} names {uris.redact(uri)}, outside the store {store}; refused")
-        if not storage.exists(uri):
-            raise IndexBuildError(f"{where} names {uri}, which does not exist")
-    return pointer, etag
-
-
-def _recorded_checksums(store: str, pointer: catalog.IndexPointer) -> dict[str, str]:
-    """The sha256 the pointer's build manifest records for the index and the id map it names; a pointer naming
-    an object its manifest does not list is refused."""
-    published = manifest.parse(pointer.manifest, storage.read_bytes(pointer.manifest), store)
-    recorded = {output.uri: output.sha256 for output in published.outputs}
-    for uri in (pointer.index, pointer.ids):
-        if uri not in recorded:
-            where = catalog.pointer_uri(store, Pointer.INDEX)
-            raise IndexBuildError(f"{where} names {uri}, which its build manifest {pointer.manifest} does not list")
-    return recorded
-
-
-def query_encoder(folder: Path, choice: str = "auto") -> Any:
-    """What encodes queries: with ``auto``, the student's ONNX graph run by ONNX Runtime where distill
-    exported one (its ``onnx``), else (and with ``torch``) the PyTorch student."""
-    from tasks.ml import onnx_encoder
-    from tasks.ml.encoder import SentenceEncoder
-
-    if choice == "torch" or onnx_encoder.exported_graph(folder) is None:
-        return SentenceEncoder.load(str(folder))
-    return onnx_encoder.OnnxEncoder.load(folder)
-
-
-def load_current(store: str, query_encoder_choice: str = "auto") -> LoadedIndex:
-    """Load the promoted index, its id map and the student that built it, checked against each other; queries
-    are encoded as :func:`query_encoder` chooses."""
-    import faiss
-
-    pointer, etag = current_pointer(store)
-    recorded = _recorded_checksums(store, pointer)
-    body = storage.read_bytes(pointer.index, sha256=recorded[pointer.index])
-    try:
-        index = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))
-    except RuntimeError as exc:  # faiss's reader refuses what is not an index it wrote
-        raise IndexBuildError(f"{pointer.index}: not a FAISS index ({str(exc).strip()[-200:]})") from None
-    ids = storage.read_parquet(pointer.ids, columns=["sentence_id", "text"], sha256=recorded[pointer.ids])
-    with tempfile.TemporaryDirectory() as scratch:
-        encoder = query_encoder(student.fetch_exported(store, pointer.model_run, Path(scratch)), query_encoder_choice)
-    if encoder.dim != index.d:
-        raise IndexBuildError(f"{pointer.index}: index dimension {index.d} differs from the model's {encoder.dim}")
-    if ids.num_rows != index.ntotal:
-        raise IndexBuildError(f"{pointer.ids}: {ids.num_rows} ids for the {index.ntotal} vectors of {pointer.index}")
-    sentence_ids, texts = ids.column("sentence_id").to_pylist(), ids.column("text").to_pylist()
-    return LoadedIndex(store, pointer, etag, encoder, index, sentence_ids, texts, time.time())

@@ -3,8 +3,8 @@
 The reference is the training data of a model run (default: the promoted one, ``models/current.json``):
 the merged profiles of the partitions its distillation read, under its teacher's PCA run. The partition
 and every reference partition are profiled on demand (:mod:`tasks.stages.profiles`); the comparison
-(:func:`tasks.ml.drift.compare`: score, components, flag, both profiles' statistics) is published as
-``drift/ingest_date=D/<fp12>/drift.json`` with a manifest whose inputs are the model run's distill manifest
+(:func:`tasks.ml.drift_stats.compare`: score, components, flag, both profiles' statistics) is published as
+``drift/ingest_date=D/<fp12>/drift_stats.json`` with a manifest whose inputs are the model run's distill manifest
 and the profiles, so it reruns when either changes. A flagged partition is logged as a warning; the
 ``hpd_quality_report`` DAG turns it into a retrain trigger. :func:`between_runs` is the same comparison
 between two model runs' training data, for the validation report.
@@ -18,7 +18,7 @@ from typing import Any
 
 from tasks.core import catalog, lineage, manifest, runs
 from tasks.core.catalog import Stage
-from tasks.ml import drift
+from tasks.ml import drift_stats
 from tasks.stages import profiles
 from tasks.stages.params import DistillParams, DriftParams
 from tasks.stages.profiles import DriftError
@@ -74,8 +74,10 @@ def _compare(ours: list[manifest.Output], references: list[manifest.Output], thr
     """The comparison of the merged profiles ``ours`` with the merged profiles ``references``."""
     if not ours or not references:
         raise DriftError("a model run that read no corpus partition has no training data to compare")
-    return drift.compare(
-        drift.merged(profiles.read(o) for o in ours), drift.merged(profiles.read(r) for r in references), threshold
+    return drift_stats.compare(
+        drift_stats.merged(profiles.read(o) for o in ours),
+        drift_stats.merged(profiles.read(r) for r in references),
+        threshold,
     )
 
 
@@ -105,11 +107,11 @@ def render(key: str, stats: dict[str, Any]) -> str:
         f"score {stats['score']:.3f}, threshold {stats['threshold']}: {verdict}",
         "",
         f"{'component':<26}{'value':>10}{'weight':>10}",
-        *(f"{n:<26}{stats['components'][n]:>10.3f}{stats['weights'][n]:>10.2f}" for n in drift.WEIGHTS),
+        *(f"{n:<26}{stats['components'][n]:>10.3f}{stats['weights'][n]:>10.2f}" for n in drift_stats.WEIGHTS),
         "",
         f"{'statistic':<26}{'partition':>12}{'reference':>12}",
     ]
-    for name in drift.STATISTICS:
+    for name in drift_stats.STATISTICS:
         lines.append(f"{name:<26}{_shown(stats['partition'][name]):>12}{_shown(stats['reference'][name]):>12}")
     return "\n".join(lines)
 

@@ -21,7 +21,7 @@ from datetime import date
 import numpy as np
 import pyarrow as pa
 
-from tasks.core import catalog, datasets, manifest, sentences, storage
+from tasks.core import catalog, manifest, parquet_shards, sentences, storage
 from tasks.core.catalog import Dataset, Stage
 from tasks.core.progress import Progress, format_duration
 from tasks.ml import teachers
@@ -177,7 +177,7 @@ def _write_embeddings(
     shard_uri: str,
     ids: pa.ChunkedArray,
     embeddings: np.ndarray,
-) -> datasets.Shard:
+) -> parquet_shards.Shard:
     """Publish one shard's embeddings (in the sentences shard's row order) as a run's output."""
     value_type = pa.float16() if params.output_dtype == "float16" else pa.float32()
     flat = pa.array(embeddings.astype(params.output_dtype).ravel(), value_type)
@@ -185,7 +185,7 @@ def _write_embeddings(
     table = pa.table({"sentence_id": ids, "embedding": pa.FixedSizeListArray.from_arrays(flat, dim)})
     prefix = catalog.teacher_prefix(params.store, params.teacher, params.ingest_date)
     with stage_run.phase("write"):
-        written = datasets.write_shard(
+        written = parquet_shards.write_shard(
             prefix,
             catalog.derived_stem(shard_uri),
             table,
@@ -241,7 +241,7 @@ def _combine_shard(
         if not table.column("sentence_id").equals(ids):
             raise EncodeError(f"{output.uri}: its sentence ids are not those of {encoded[0].uri}, row for row")
     with stage_run.phase("encode"):
-        embeddings = teachers.combine([datasets.vectors(table, "embedding") for table in tables])
+        embeddings = teachers.combine([parquet_shards.vectors(table, "embedding") for table in tables])
     written = _write_embeddings(params, stage_run, shard.uri, ids, embeddings)
     stage_run.stats = {"rows": written.rows, "members": len(encoded)}
     log.info("encode_teacher %s: %d rows combined from %d members", stage_run.key, written.rows, len(encoded))

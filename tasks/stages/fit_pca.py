@@ -30,7 +30,7 @@ from datetime import date
 import numpy as np
 import pyarrow as pa
 
-from tasks.core import catalog, datasets, manifest, prefetch, sentences, storage
+from tasks.core import catalog, manifest, parquet_shards, prefetch, sentences, storage
 from tasks.core.catalog import Dataset, Stage
 from tasks.core.progress import Progress
 from tasks.ml.projection import ARTIFACT, MomentAccumulator, PCAError, Projection
@@ -166,7 +166,7 @@ def _chunks(uri: str, table: pa.Table) -> Iterator[tuple[list[str], np.ndarray]]
         raise PCAError(f"{uri}: embedding column is {column.type}, not a fixed-size list")
     for start in range(0, table.num_rows, CHUNK_ROWS):
         part = table.slice(start, CHUNK_ROWS)
-        chunk = datasets.vectors(part, "embedding")
+        chunk = parquet_shards.vectors(part, "embedding")
         if not np.isfinite(chunk).all():
             raise PCAError(f"{uri}: NaN or infinite embedding values near row {start}")
         yield part.column("sentence_id").to_pylist(), chunk
@@ -174,7 +174,7 @@ def _chunks(uri: str, table: pa.Table) -> Iterator[tuple[list[str], np.ndarray]]
 
 def _write_targets(
     teacher: manifest.Output, table: pa.Table, projection: Projection, prefix: str, model_id: str
-) -> datasets.Shard:
+) -> parquet_shards.Shard:
     ids, targets = [], []
     for chunk_ids, chunk in _chunks(teacher.uri, table):
         ids.extend(chunk_ids)
@@ -188,4 +188,4 @@ def _write_targets(
         }
     )
     stem = teacher.uri.rsplit("/", 1)[1].removesuffix(".parquet")
-    return datasets.write_shard(prefix, stem, table, Dataset.PROJECTED_TARGETS, dim=k, model_id=model_id)
+    return parquet_shards.write_shard(prefix, stem, table, Dataset.PROJECTED_TARGETS, dim=k, model_id=model_id)

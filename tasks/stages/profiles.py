@@ -1,6 +1,6 @@
 """Drift profiles of corpus partitions, one per partition and PCA run, published as artifacts with manifests.
 
-A partition's profile (:class:`tasks.ml.drift.Profile`) covers its staged sentences (augmented variants
+A partition's profile (:class:`tasks.ml.drift_stats.Profile`) covers its staged sentences (augmented variants
 aside: drift is about the raw data) and their teacher embeddings, under a fitted PCA projection; each
 shard, and the projection, is read verified against the sha256 its writer's manifest records. The profile
 goes to ``profiles/<teacher>/<pca run>/ingest_date=D/<fp12>/profile.json`` with a ``profile`` manifest
@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 from datetime import date
 
-from tasks.core import catalog, datasets, manifest, storage
+from tasks.core import catalog, manifest, parquet_shards, storage
 from tasks.core.catalog import Stage
-from tasks.ml import drift
+from tasks.ml import drift_stats
 from tasks.ml.projection import Projection, published_projection
 from tasks.stages import encode_teacher
 
@@ -46,22 +46,26 @@ def ensure(store: str, teacher: str, pca_name: str, day: date) -> manifest.Outpu
     if skipped := stage_run.skip_result(force=False):
         return skipped.outputs[0]
     with stage_run.phase("profile"):
-        found = drift.merged(_shard_profile(sentences, embeddings, projection) for sentences, embeddings in shards)
+        found = drift_stats.merged(
+            _shard_profile(sentences, embeddings, projection) for sentences, embeddings in shards
+        )
     uri = catalog.profile_uri(store, teacher, pca_name, day, stage_run.fingerprint)
     stage_run.write_output(uri, json.dumps(found.to_dict(), sort_keys=True).encode(), rows=found.rows)
     stage_run.stats = found.summary()
     return stage_run.publish().outputs[0]
 
 
-def read(output: manifest.Output) -> drift.Profile:
+def read(output: manifest.Output) -> drift_stats.Profile:
     """A published profile, verified against the sha256 its manifest records."""
-    return drift.Profile.from_dict(json.loads(storage.read_bytes(output.uri, sha256=output.sha256)))
+    return drift_stats.Profile.from_dict(json.loads(storage.read_bytes(output.uri, sha256=output.sha256)))
 
 
-def _shard_profile(sentences: manifest.Output, embeddings: manifest.Output, projection: Projection) -> drift.Profile:
+def _shard_profile(
+    sentences: manifest.Output, embeddings: manifest.Output, projection: Projection
+) -> drift_stats.Profile:
     """The profile of one sentences shard and its teacher embeddings, rows matched by sentence id."""
     staged = storage.read_parquet(sentences.uri, columns=["sentence_id", "text"], sha256=sentences.sha256)
     encoded = storage.read_parquet(embeddings.uri, columns=["sentence_id", "embedding"], sha256=embeddings.sha256)
     text_of = dict(zip(staged.column("sentence_id").to_pylist(), staged.column("text").to_pylist(), strict=True))
     texts = [text_of[sentence_id] for sentence_id in encoded.column("sentence_id").to_pylist()]
-    return drift.profile(texts, datasets.vectors(encoded, "embedding"), projection)
+    return drift_stats.profile(texts, parquet_shards.vectors(encoded, "embedding"), projection)

@@ -27,7 +27,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tasks.core import catalog, datasets, manifest, sentences, storage, uris
+from tasks.core import catalog, manifest, parquet_shards, sentences, storage, uris
 from tasks.core.catalog import Dataset, Stage
 from tasks.stages import data_docs
 from tasks.stages.params import QualityParams
@@ -63,7 +63,7 @@ def profile(kind: str, table: pa.Table) -> pd.DataFrame:
                 "norm": [float(np.linalg.norm(r)) if np.isfinite(r).all() else np.nan for r in rows],
             }
         )
-    values = datasets.vectors(table, vector_column).astype(np.float64)
+    values = parquet_shards.vectors(table, vector_column).astype(np.float64)
     return pd.DataFrame({"dimension": np.arange(values.shape[1]), "variance": values.var(axis=0)})
 
 

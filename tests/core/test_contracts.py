@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tasks.core import contracts, datasets, sentences, storage
+from tasks.core import contracts, parquet_shards, sentences, storage
 
 
 def _embeddings(rows, dim=4, value=0.5, value_type=None):
@@ -61,14 +61,14 @@ def test_violations_are_refused_naming_the_column(table, column):
 def test_refused_shard_publishes_nothing(tmp_path):
     prefix = storage.to_uri(str(tmp_path / "teacher"))
     with pytest.raises(contracts.ContractError, match="embedding"):
-        datasets.write_shard(prefix, "part-00000", _embeddings(3, value=math.nan), "teacher_embeddings", 4, "m")
+        parquet_shards.write_shard(prefix, "part-00000", _embeddings(3, value=math.nan), "teacher_embeddings", 4, "m")
     assert storage.list_uris(prefix) == []
 
 
 def test_shards_are_content_addressed_and_deterministic(tmp_path):
     prefix = storage.to_uri(str(tmp_path / "teacher"))
-    first = datasets.write_shard(prefix, "part-00000", _embeddings(3), "teacher_embeddings", 4, "m")
-    again = datasets.write_shard(prefix, "part-00000", _embeddings(3), "teacher_embeddings", 4, "m")
+    first = parquet_shards.write_shard(prefix, "part-00000", _embeddings(3), "teacher_embeddings", 4, "m")
+    again = parquet_shards.write_shard(prefix, "part-00000", _embeddings(3), "teacher_embeddings", 4, "m")
     assert first == again
     assert first.uri.endswith(f"part-00000-{first.sha256[:8]}.parquet")
     assert storage.read_parquet(first.uri).schema.metadata[contracts.META_DIM] == b"4"
@@ -87,7 +87,7 @@ def test_only_the_columns_a_contract_marks_are_dictionary_encoded(tmp_path):
         },
         date(2026, 11, 30),
     )
-    shard = datasets.write_shard(storage.to_uri(str(tmp_path / "s")), "part-00000", table, "sentences")
+    shard = parquet_shards.write_shard(storage.to_uri(str(tmp_path / "s")), "part-00000", table, "sentences")
     columns = pq.ParquetFile(shard.uri.removeprefix("file://")).metadata.row_group(0)
     encoded = {columns.column(i).path_in_schema: columns.column(i).has_dictionary_page for i in range(8)}
     assert contracts.load("sentences").dictionary_columns == ["source", "ingest_date", "aug_method", "aug_params"]

@@ -2,7 +2,7 @@ from datetime import date
 
 from tasks.core import config, storage
 from tasks.core.catalog import partition_key
-from tasks.core.sentences import already_staged, normalise, sentence_id
+from tasks.core.sentences import already_staged, normalise_text, sentence_id
 from tasks.stages import stage_corpus
 
 DAY1, DAY2 = date(2026, 11, 1), date(2026, 11, 2)
@@ -27,5 +27,5 @@ def test_already_staged_matches_across_partitions_and_honours_the_exclusion(tmp_
 
 
 def test_control_characters_become_spaces():
-    assert normalise("a\x00b\x07 c\x1b[31m\x7f d\x85e") == "a b c [31m d e"
-    assert normalise("caf\u0065\u0301 \u200d kept") == "caf\u00e9 \u200d kept"  # NFC; a joiner is not a control
+    assert normalise_text("a\x00b\x07 c\x1b[31m\x7f d\x85e") == "a b c [31m d e"
+    assert normalise_text("caf\u0065\u0301 \u200d kept") == "caf\u00e9 \u200d kept"  # NFC; a joiner is not a control

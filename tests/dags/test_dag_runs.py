@@ -38,7 +38,7 @@ def test_demo_chain_runs_every_dag_reports_lineage_and_reruns_idempotently(input
     tests/stages/test_copied_store.py, test_augment.py and test_quality.py: the chain's conf maps to the same
     params on either backend, so one rerun through Airflow checks that mapping."""
     from tasks import demo
-    from tasks.stages import build_index
+    from tasks.ml import vector_index
 
     events = tmp_path / "openlineage.jsonl"
     transport = {"type": "file", "log_file_path": str(events), "append": True}
@@ -66,7 +66,7 @@ def test_demo_chain_runs_every_dag_reports_lineage_and_reruns_idempotently(input
     assert where["model run"] == "demo-student"
     assert all(storage.exists(where[key]) for key in ("validation report", "index"))
     assert storage.exists(storage.join(where["model (sentence-transformers folder)"], "modules.json"))
-    assert build_index.search(store_root, "a sentence", 2)
+    assert vector_index.search(store_root, "a sentence", 2)
     assert manifest.read(store_root, Stage.QUALITY, catalog.partition_key(DAY)).stats["passed"] is True
     drifted = manifest.read(store_root, Stage.DRIFT, catalog.partition_key(DAY)).stats  # its own training data
     assert drifted["model_run"] == "demo-student" and drifted["score"] == 0.0 and not drifted["flagged"]

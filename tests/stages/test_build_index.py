@@ -10,6 +10,7 @@ from tasks import cli
 from tasks.core import catalog, config, contracts, manifest, storage
 from tasks.core.catalog import IndexPointer, ModelPointer, Pointer, Stage
 from tasks.core.progress import format_bytes
+from tasks.ml import vector_index
 from tasks.stages import build_index
 from tests.support.projected_store import distill_tiny, projected_store
 
@@ -55,9 +56,9 @@ def test_flat_index_is_exact_promoted_and_searchable(store, capsys, caplog):
     assert contracts.identify(ids.schema) == ("index_ids", 1) and ids.num_rows == 300
     embeddings = [o for o in result.outputs if o.contract == "student_embeddings"]
     assert sum(o.rows for o in embeddings) == 300
-    hits = build_index.search(store, TEXTS[7], k=3)
+    hits = vector_index.search(store, TEXTS[7], k=3)
     assert hits[0]["text"] == TEXTS[7] and hits[0]["score"] == pytest.approx(1.0, abs=1e-4)
-    assert build_index.load_current(store).query_encoder == "torch"  # the student exported no ONNX graph
+    assert vector_index.load_current(store).query_encoder == "torch"  # the student exported no ONNX graph
     assert cli.main(["search", TEXTS[7], "-k", "2", "--store", store]) == 0
     assert TEXTS[7] in capsys.readouterr().out
     assert _build(store, index_type="flat", name="flat").skipped
@@ -104,34 +105,34 @@ def test_ivf_search_breadth_is_raised_until_the_target_recall_and_saved_in_the_i
 def test_hnsw_tuning_doubles_ef_search_until_the_recall_is_reached():
     vectors = np.random.default_rng(3).standard_normal((3000, 32), dtype=np.float32)
     faiss.normalize_L2(vectors)
-    index = build_index.build(vectors, "HNSW4,Flat", nprobe=1, ef_search=8)
-    sample = build_index.RecallSample.of(vectors)
+    index = vector_index.build(vectors, "HNSW4,Flat", nprobe=1, ef_search=8)
+    sample = vector_index.RecallSample.of(vectors)
     before = sample.recall(index)
-    breadth = build_index.tune_search(index, sample, target=0.99)
+    breadth = vector_index.tune_search(index, sample, target=0.99)
     assert before < 0.99 and breadth["ef_search"] in (16, 32, 64, 128, 256, 512, 1024)
-    assert sample.recall(index) >= 0.99 or breadth["ef_search"] == build_index.MAX_EF_SEARCH
-    assert build_index.tune_search(build_index.build(vectors, "Flat", nprobe=1), sample, target=0.99) == {}
+    assert sample.recall(index) >= 0.99 or breadth["ef_search"] == vector_index.MAX_EF_SEARCH
+    assert vector_index.tune_search(vector_index.build(vectors, "Flat", nprobe=1), sample, target=0.99) == {}
 
 
 def test_tuning_stops_where_a_wider_search_no_longer_recalls_more():
     vectors = np.random.default_rng(5).standard_normal((4000, 16), dtype=np.float32)
     faiss.normalize_L2(vectors)
-    coarse = build_index.build(vectors, "IVF64,PQ2x4", nprobe=4)  # 1 byte a vector: the codes bound the recall
-    sample = build_index.RecallSample.of(vectors)
-    breadth = build_index.tune_search(coarse, sample, target=0.99)
+    coarse = vector_index.build(vectors, "IVF64,PQ2x4", nprobe=4)  # 1 byte a vector: the codes bound the recall
+    sample = vector_index.RecallSample.of(vectors)
+    breadth = vector_index.tune_search(coarse, sample, target=0.99)
     kept = sample.recall(coarse)
     assert kept < 0.99 and breadth["nprobe"] < 64
     faiss.extract_index_ivf(coarse).nprobe = 2 * breadth["nprobe"]
-    assert sample.recall(coarse) - kept < build_index.MIN_RECALL_GAIN
+    assert sample.recall(coarse) - kept < vector_index.MIN_RECALL_GAIN
 
 
 def test_the_recall_sample_leaves_each_query_out_of_its_own_neighbours():
     vectors = np.random.default_rng(4).standard_normal((500, 16), dtype=np.float32)
     faiss.normalize_L2(vectors)
-    sample = build_index.RecallSample.of(vectors, k=5)
+    sample = vector_index.RecallSample.of(vectors, k=5)
     assert all(len(truth) == 5 and own not in truth for truth, own in zip(sample.truth, sample.rows, strict=True))
-    assert sample.recall(build_index.build(vectors, "Flat", nprobe=1)) == 1.0
-    one_list = build_index.build(vectors, "IVF50,Flat", nprobe=1)  # finds each query, misses most of the rest
+    assert sample.recall(vector_index.build(vectors, "Flat", nprobe=1)) == 1.0
+    one_list = vector_index.build(vectors, "IVF50,Flat", nprobe=1)  # finds each query, misses most of the rest
     assert sample.recall(one_list) < 0.9
 
 
@@ -172,7 +173,7 @@ def test_missing_objects_leave_the_pointer_alone(store):
     index_uri = next(o.uri for o in result.outputs if o.uri.endswith("index.faiss"))
     storage.delete(index_uri)
     _, seen = catalog.read_pointer(store, Pointer.INDEX)
-    with pytest.raises(build_index.IndexBuildError, match=f"{index_uri}: missing"):
+    with pytest.raises(vector_index.IndexBuildError, match=f"{index_uri}: missing"):
         build_index.promote(store, result.manifest, seen)
     assert storage.read_bytes(catalog.pointer_uri(store, Pointer.INDEX)) == before
 
@@ -201,27 +202,27 @@ def test_a_pointer_naming_a_missing_index_is_a_clear_error(tmp_path, store):
         o.uri for o in _build(store, index_type="flat", name="gone", promote=False).outputs if o.contract == "index_ids"
     )
     catalog.move_pointer(other, _index_pointer(f"{other}/indexes/gone/index.faiss", ids), None)
-    with pytest.raises(build_index.IndexBuildError, match="gone/index.faiss, which does not exist"):
-        build_index.search(other, "anything")
-    with pytest.raises(build_index.IndexBuildError, match="no index promoted yet"):
-        build_index.search(storage.to_uri(str(tmp_path / "empty")), "anything")
+    with pytest.raises(vector_index.IndexBuildError, match="gone/index.faiss, which does not exist"):
+        vector_index.search(other, "anything")
+    with pytest.raises(vector_index.IndexBuildError, match="no index promoted yet"):
+        vector_index.search(storage.to_uri(str(tmp_path / "empty")), "anything")
 
 
 def test_bad_requests(store):
-    with pytest.raises(build_index.IndexBuildError, match="no published distill run 'nope'"):
+    with pytest.raises(vector_index.IndexBuildError, match="no published distill run 'nope'"):
         _build(store, model_run="nope")
-    with pytest.raises(build_index.IndexBuildError, match="pq_m=3 does not divide the dimension 8"):
+    with pytest.raises(vector_index.IndexBuildError, match="pq_m=3 does not divide the dimension 8"):
         _build(store, index_type="ivf_pq", pq_m=3, name="bad-pq", promote=False)
 
 
 def test_bad_settings_write_nothing(store):
-    with pytest.raises(build_index.IndexBuildError, match="pq_m=3"):
+    with pytest.raises(vector_index.IndexBuildError, match="pq_m=3"):
         _build(store, index_type="ivf_pq", pq_m=3, name="nothing-written", promote=False)
     assert storage.list_uris(f"{store}/indexes/nothing-written") == []
 
 
 def test_the_promoted_student_is_the_default(store, tmp_path):
-    with pytest.raises(build_index.IndexBuildError, match="no promoted model"):
+    with pytest.raises(vector_index.IndexBuildError, match="no promoted model"):
         build_index.run(config.parse(build_index.BuildIndexParams, {"store": store, "promote": False}))
     catalog.move_pointer(store, ModelPointer("tiny", {}, f"{store}/manifests/validate/tiny.json"), None)
     result = build_index.run(
@@ -249,8 +250,8 @@ def test_an_index_of_another_dimension_is_refused(store, tmp_path):
     distill_manifest = f"{store}/manifests/distill/tiny.json"
     for uri in [distill_manifest, *(o.uri for o in manifest.read(store, Stage.DISTILL, "tiny").outputs)]:
         storage.write_bytes(other + uri.removeprefix(store), storage.read_bytes(uri))
-    with pytest.raises(build_index.IndexBuildError, match="index dimension 5 differs from the model's 8"):
-        build_index.search(other, "anything")
+    with pytest.raises(vector_index.IndexBuildError, match="index dimension 5 differs from the model's 8"):
+        vector_index.search(other, "anything")
 
 
 def test_the_served_index_is_verified_against_its_build_manifest(store, tmp_path):
@@ -266,18 +267,18 @@ def test_the_served_index_is_verified_against_its_build_manifest(store, tmp_path
     body = bytearray(storage.read_bytes(index_uri))
     pointer = _published_by_hand(other, bytes(body), storage.read_bytes(ids_uri))
     catalog.move_pointer(other, pointer, None)
-    assert build_index.search(other, "sentence about cats", k=3)  # as published: served
+    assert vector_index.search(other, "sentence about cats", k=3)  # as published: served
 
     body[len(body) // 2] ^= 0x01
     storage.write_bytes(pointer.index, bytes(body))
     with pytest.raises(storage.IntegrityError, match="by-hand/index.faiss"):
-        build_index.search(other, "sentence about cats")
+        vector_index.search(other, "sentence about cats")
 
     stray = f"{other}/indexes/stray/index.faiss"
     storage.write_bytes(stray, storage.read_bytes(index_uri))
     _, etag = catalog.read_pointer(other, Pointer.INDEX)
     catalog.move_pointer(other, _index_pointer(stray, pointer.ids, pointer.manifest), etag)
     with pytest.raises(
-        build_index.IndexBuildError, match="stray/index.faiss, which its build manifest .* does not list"
+        vector_index.IndexBuildError, match="stray/index.faiss, which its build manifest .* does not list"
     ):
-        build_index.search(other, "sentence about cats")
+        vector_index.search(other, "sentence about cats")

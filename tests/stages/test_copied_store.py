@@ -20,6 +20,7 @@ import pytest
 from tasks import cli
 from tasks.core import catalog, config, manifest, storage
 from tasks.core.catalog import Pointer, Stage
+from tasks.ml import vector_index
 from tasks.stages import build_index, drift, encode_teacher, fit_pca, stage_corpus, validate
 from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
 from tests.support.tiny_models import build_sentence_model
@@ -94,7 +95,7 @@ def _searched(store: str, capsys: pytest.CaptureFixture[str]) -> list[dict]:
     capsys.readouterr()
     assert cli.main(["search", QUERY, "-k", "2", "--store", store]) == 0
     assert QUERY in capsys.readouterr().out
-    return build_index.search(store, QUERY, k=2)
+    return vector_index.search(store, QUERY, k=2)
 
 
 def _assert_resolved_into(store: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 from tasks import cli
 from tasks.core import catalog, config, manifest, storage
 from tasks.core.catalog import Stage
-from tasks.core.sentences import normalise, sentence_id
+from tasks.core.sentences import normalise_text, sentence_id
 from tasks.core.sentences import shards as partition_shards
 from tasks.stages import stage_corpus
 from tasks.stages.stage_corpus import CorpusInputError, StageCorpusParams, run
@@ -157,9 +157,9 @@ def test_missing_source_is_a_clear_error(store, tmp_path):
 
 
 def test_normalise_and_sentence_id_are_stable():
-    assert normalise(" a\u00a0 b\n") == "a b"
+    assert normalise_text(" a\u00a0 b\n") == "a b"
     # The id is part of the data contract: stored partitions rely on it never changing.
-    assert sentence_id(normalise("a  b")) == "acc9227cc02e5f5c13e74125bce89499"
+    assert sentence_id(normalise_text("a  b")) == "acc9227cc02e5f5c13e74125bce89499"
 
 
 def test_limit_stages_a_sample_across_files(store, tmp_path):

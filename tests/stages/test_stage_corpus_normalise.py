@@ -29,13 +29,15 @@ def _char(rng: random.Random) -> str:
 def test_polars_normalisation_equals_the_python_one(seed):
     rng = random.Random(seed)
     texts = ["".join(_char(rng) for _ in range(rng.randrange(0, 40))) for _ in range(500)]
-    assert normalise.normalise(pl.Series(texts, dtype=pl.String)).to_list() == list(map(sentences.normalise, texts))
+    assert normalise.normalise_series(pl.Series(texts, dtype=pl.String)).to_list() == list(
+        map(sentences.normalise_text, texts)
+    )
 
 
 def test_unassigned_characters_go_through_the_python_function():
     # U+0378 is unassigned in Python's Unicode database: NFC of text holding it is only defined by that version.
     texts = ["a\u0378e\u0301  b", None, "  plain \t text ", "Cafe\u0301\u3000au\x00lait"]
-    assert normalise.normalise(pl.Series(texts, dtype=pl.String)).to_list() == [
+    assert normalise.normalise_series(pl.Series(texts, dtype=pl.String)).to_list() == [
         "a\u0378\u00e9 b",
         "",
         "plain text",

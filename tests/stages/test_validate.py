@@ -135,12 +135,12 @@ def test_gate_rules_by_hand(caplog):
 def test_bad_pair_files_are_named(tmp_path, content, message):
     path = tmp_path / "pairs.csv"
     path.write_text(content)
-    with pytest.raises(validate.ValidationError, match=message):
+    with pytest.raises(validate.ValidateError, match=message):
         validate.read_pairs(storage.to_uri(str(path)))
 
 
 def test_unknown_model_run(store):
-    with pytest.raises(validate.ValidationError, match="no published distill run 'nope'"):
+    with pytest.raises(validate.ValidateError, match="no published distill run 'nope'"):
         _validate(store, model_run="nope")
 
 

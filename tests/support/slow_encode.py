@@ -6,11 +6,11 @@ Usage: python slow_encode.py STORE MODEL_DIR INGEST_DATE PAUSE_S
 import sys
 import time
 
-from tasks.core import config, datasets
+from tasks.core import config, parquet_shards
 from tasks.stages import encode_teacher
 
 store, model, day, pause = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
-publish = datasets.write_shard
+publish = parquet_shards.write_shard
 
 
 def slow_write_shard(*args, **kwargs):
@@ -18,6 +18,6 @@ def slow_write_shard(*args, **kwargs):
     return publish(*args, **kwargs)
 
 
-datasets.write_shard = slow_write_shard
+parquet_shards.write_shard = slow_write_shard
 params = config.parse(encode_teacher.EncodeTeacherParams, {"store": store, "teacher": model, "ingest_date": day})
 encode_teacher.run(params)

@@ -7,7 +7,7 @@ from datetime import date
 import numpy as np
 import pyarrow as pa
 
-from tasks.core import catalog, datasets, manifest, sentences
+from tasks.core import catalog, manifest, parquet_shards, sentences
 from tasks.core.catalog import Stage
 
 
@@ -42,7 +42,7 @@ def publish_teacher_shards(
         block = embeddings[start : start + shard_rows]
         texts = [f"synthetic sentence {day:%Y%m%d}-{index}-{i}" for i in range(len(block))]
         ids = [sentences.sentence_id(t) for t in texts]
-        source = datasets.write_shard(
+        source = parquet_shards.write_shard(
             sentences_prefix,
             f"part-{index:05d}",
             sentences.table(
@@ -55,7 +55,7 @@ def publish_teacher_shards(
         table = pa.table(
             {"sentence_id": ids, "embedding": pa.FixedSizeListArray.from_arrays(pa.array(block.ravel()), dim)}
         )
-        shard = datasets.write_shard(
+        shard = parquet_shards.write_shard(
             teacher_prefix, catalog.derived_stem(source.uri), table, "teacher_embeddings", dim=dim, model_id=teacher
         )
         run = manifest.StageRun(

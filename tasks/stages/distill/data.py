@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core import catalog, datasets, manifest, sentences, storage
+from tasks.core import catalog, manifest, parquet_shards, sentences, storage
 from tasks.core.catalog import Dataset, Stage
 
 
@@ -112,7 +112,7 @@ def read_pair(pair: ShardPair) -> tuple[list[str], list[str], np.ndarray]:
             f"{pair.targets_uri}: {len(missing)} target id(s) missing from {pair.sentences_uri} "
             f"({len(text_of) - len(ids) + len(missing)} sentence id(s) without a target)"
         )
-    return ids, [text_of[sid] for sid in ids], datasets.vectors(targets, "target")
+    return ids, [text_of[sid] for sid in ids], parquet_shards.vectors(targets, "target")
 
 
 class TrainingData:
@@ -188,7 +188,7 @@ class TrainingData:
             yield shard, pair, local
 
     def training_dataset(self, scratch: Path) -> Any:
-        """The training rows (``sentence``, ``label``: the target) as a ``datasets.Dataset``, pair after pair
+        """The training rows (``sentence``, ``label``: the target) as a ``parquet_shards.Dataset``, pair after pair
         in file order (the indices :meth:`epoch_order` gives), in Arrow files under ``scratch`` (memory-mapped:
         memory holds one shard at a time). Each pair is read again, verified."""
         import datasets as hf_datasets

@@ -1,4 +1,4 @@
-"""A batch of raw records as normalised, filtered, identified rows: :func:`tasks.core.sentences.normalise`
+"""A batch of raw records as normalised, filtered, identified rows: :func:`tasks.core.sentences.normalise_text`
 as polars expressions, with the same result for every input.
 
 Whitespace is Python's own (``str.isspace``) and control characters the same C0/DEL/C1 set. Unicode NFC is
@@ -59,8 +59,8 @@ def _unicode(raw: pl.Expr) -> pl.Expr:
     return raw.str.normalize("NFC").str.replace_all(runs, " ").str.strip_chars(" ")
 
 
-def normalise(raw: pl.Series) -> pl.Series:
-    """``sentences.normalise`` of every value (None as empty): ASCII and Unicode texts by polars expressions,
+def normalise_series(raw: pl.Series) -> pl.Series:
+    """``sentences.normalise_text`` of every value (None as empty): ASCII and Unicode texts by polars expressions,
     texts holding a character Python's Unicode database leaves unassigned by the Python function itself."""
     _, unassigned = _patterns()
     frame = pl.DataFrame({"raw": raw.fill_null("")}).with_row_index()
@@ -72,7 +72,7 @@ def normalise(raw: pl.Series) -> pl.Series:
     if unicode.height:
         texts = texts.scatter(unicode["index"], unicode["text"])
     for row, text in unicode.filter(pl.col("exotic")).select("index", "raw").iter_rows():
-        texts = texts.scatter(row, sentences.normalise(text))
+        texts = texts.scatter(row, sentences.normalise_text(text))
     return texts.alias("text")
 
 
@@ -80,7 +80,7 @@ def kept_rows(batch: pl.DataFrame, source: str, max_chars: int, hasher: IdHasher
     """The rows of ``batch`` (``line``, ``raw``) that are neither empty nor longer than ``max_chars`` once
     normalised, with their ids (``SCHEMA``, and ``raw_id``: the id's bytes, computed by ``hasher``), and how
     many were dropped for each of those reasons."""
-    frame = batch.select("line", text=normalise(batch["raw"]))
+    frame = batch.select("line", text=normalise_series(batch["raw"]))
     length = pl.col("text").str.len_chars()
     counts = frame.select(empty=(length == 0).sum(), too_long=(length > max_chars).sum()).row(0, named=True)
     kept = frame.filter((length > 0) & (length <= max_chars))

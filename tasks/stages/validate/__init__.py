@@ -8,9 +8,9 @@ report (:mod:`.report`) is one offline HTML file; a passing model moves ``models
 """
 
 from tasks.stages.params import ValidateParams
-from tasks.stages.validate.errors import ValidationError
+from tasks.stages.validate.errors import ValidateError
 from tasks.stages.validate.pairs import read_pairs
 from tasks.stages.validate.promotion import GATED
 from tasks.stages.validate.stage import run
 
-__all__ = ["GATED", "ValidateParams", "ValidationError", "read_pairs", "run"]
+__all__ = ["GATED", "ValidateParams", "ValidateError", "read_pairs", "run"]

@@ -1,5 +1,5 @@
 """The validation's error."""
 
 
-class ValidationError(ValueError):
+class ValidateError(ValueError):
     """The validation cannot run, or its promotion lost a race; the message names the input."""

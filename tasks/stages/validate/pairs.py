@@ -9,7 +9,7 @@ import numpy as np
 
 from tasks.core import storage
 from tasks.ml import sts
-from tasks.stages.validate.errors import ValidationError
+from tasks.stages.validate.errors import ValidateError
 
 
 def read_pairs(uri: str) -> sts.PairSet:
@@ -20,12 +20,12 @@ def read_pairs(uri: str) -> sts.PairSet:
     rows = list(csv.DictReader(io.StringIO(text), dialect=dialect))
     missing = {"sentence1", "sentence2", "score"} - set(rows[0] if rows else {})
     if not rows or missing:
-        raise ValidationError(f"{uri}: needs columns sentence1, sentence2, score (missing {sorted(missing)})")
+        raise ValidateError(f"{uri}: needs columns sentence1, sentence2, score (missing {sorted(missing)})")
     try:
         scores = np.array([float(r["score"]) for r in rows])
     except (TypeError, ValueError):
         bad = next(i for i, r in enumerate(rows, start=2) if not _is_number(r["score"]))
-        raise ValidationError(f"{uri}: line {bad}: score {rows[bad - 2]['score']!r} is not a number") from None
+        raise ValidateError(f"{uri}: line {bad}: score {rows[bad - 2]['score']!r} is not a number") from None
     return sts.PairSet(uri.rsplit("/", 1)[-1], [r["sentence1"] for r in rows], [r["sentence2"] for r in rows], scores)
 
 

@@ -12,7 +12,7 @@ import logging
 from tasks.core import catalog, uris
 from tasks.core.catalog import Pointer
 from tasks.stages.params import ValidateParams
-from tasks.stages.validate.errors import ValidationError
+from tasks.stages.validate.errors import ValidateError
 
 GATED = ("STS-B test", "SICK-R test")
 BASELINE = "baseline (base model + PCA)"
@@ -70,7 +70,7 @@ def promote_model(store: str, model_run: str, scores: dict, manifest_uri: str, e
     try:
         catalog.move_pointer(store, catalog.ModelPointer(model_run, scores, manifest_uri), etag)
     except catalog.PointerMoved:
-        raise ValidationError(
+        raise ValidateError(
             f"{catalog.pointer_uri(store, Pointer.MODEL)}: another promotion happened since this "
             f"validation started; {model_run} was not promoted"
         ) from None

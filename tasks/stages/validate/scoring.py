@@ -20,12 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core import catalog, datasets, manifest, sentences, storage
+from tasks.core import catalog, manifest, parquet_shards, sentences, storage
 from tasks.core.catalog import Stage
 from tasks.ml import metrics, sts
 from tasks.stages import encode_teacher
 from tasks.stages.params import DistillParams, ValidateParams
-from tasks.stages.validate.errors import ValidationError
+from tasks.stages.validate.errors import ValidateError
 from tasks.stages.validate.promotion import BASELINE
 
 Encode = Callable[[list[str]], np.ndarray]
@@ -163,11 +163,13 @@ def corpus_sample(store: str, teacher: str, size: int) -> CorpusSample:
             ids.extend(staged.column("sentence_id").to_pylist())
             texts.extend(staged.column("text").to_pylist())
             embedded = encoded.outputs[0]
-            vectors.append(datasets.vectors(storage.read_parquet(embedded.uri, sha256=embedded.sha256), "embedding"))
+            vectors.append(
+                parquet_shards.vectors(storage.read_parquet(embedded.uri, sha256=embedded.sha256), "embedding")
+            )
             if len(ids) >= size:
                 return CorpusSample(ids[:size], texts[:size], np.concatenate(vectors)[:size])
     if len(ids) < 11:
-        raise ValidationError(f"{store}: fewer than 11 encoded corpus sentences for the retrieval check")
+        raise ValidateError(f"{store}: fewer than 11 encoded corpus sentences for the retrieval check")
     return CorpusSample(ids, texts, np.concatenate(vectors))
 
 

@@ -11,7 +11,7 @@ from tasks.ml import sts
 from tasks.stages import drift
 from tasks.stages.params import ValidateParams
 from tasks.stages.validate import promotion, scoring, versus
-from tasks.stages.validate.errors import ValidationError
+from tasks.stages.validate.errors import ValidateError
 from tasks.stages.validate.pairs import read_pairs
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     """Measure the student of ``params.model_run``, apply the gate, promote on success."""
     distilled = manifest.read(params.store, Stage.DISTILL, params.model_run)
     if distilled is None:
-        raise ValidationError(f"{params.store}: no published distill run {params.model_run!r}")
+        raise ValidateError(f"{params.store}: no published distill run {params.model_run!r}")
     pair_sets = [sts.stsb_test(), sts.sick_r_test(), *(read_pairs(uri) for uri in params.pair_files)]
     distill_uri = catalog.manifest_uri(params.store, Stage.DISTILL, params.model_run)
     stage_run = manifest.StageRun(
