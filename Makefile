@@ -54,9 +54,9 @@ venv: $(INSTALLED) $(WORDNET) /usr/bin/chromium /usr/bin/redis-server postgresql
 demo: venv
 	$(HPD) demo --rows $(DEMO_ROWS) --date $(DEMO_DATE) --airflow-home var/airflow
 
-# The whole suite on two pytest-xdist workers, a module at a time on each, the longest first (tests/conftest.py).
-# TEST_WORKERS=0 runs it in one process.
-TEST_WORKERS ?= 2
+# The whole suite on three pytest-xdist workers (on two cores: the third fills the time the services tests wait),
+# a module at a time on each, the longest first (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 3
 PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 # The quick tier: tests that need no model, no live service and no S3 endpoint.
 UNIT := not (models or services or s3 or slow or celery)
