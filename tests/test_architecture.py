@@ -11,8 +11,10 @@ import pytest
 
 from tests.support.paths import REPO
 
-MAX_FUNCTION_LINES, MAX_CLASS_LINES = 60, 150
-CHECKED = ("tasks", "dags", "bench")
+# The longest function and class each tree may hold: the pipeline's own code is held to the stricter limit
+# (its classes to 150 until the distill trainer and the stage run are split up), DAG files and benchmarks
+# (a DAG's task wiring, a benchmark's report) to the looser one.
+MAX_LINES = {"tasks": (50, 150), "dags": (60, 150), "bench": (60, 150)}
 # What each wing may import from ``tasks`` (at module level or inside functions).
 ALLOWED = {
     "tasks.core": ("tasks.core",),
@@ -31,11 +33,13 @@ def _module(path: Path) -> str:
     return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
 
 
-def test_no_long_functions_or_classes():
+@pytest.mark.parametrize("root", sorted(MAX_LINES))
+def test_no_long_functions_or_classes(root):
+    max_function_lines, max_class_lines = MAX_LINES[root]
     too_long = []
-    for path in _sources(*CHECKED):
+    for path in _sources(root):
         for node in ast.walk(ast.parse(path.read_text())):
-            limit = MAX_CLASS_LINES if isinstance(node, ast.ClassDef) else MAX_FUNCTION_LINES
+            limit = max_class_lines if isinstance(node, ast.ClassDef) else max_function_lines
             if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
                 length = node.end_lineno - node.lineno + 1
                 if length > limit:

@@ -49,6 +49,17 @@ class Pooling:
                 return cls(mode)
         raise models.ModelError(f"{folder}: unsupported pooling config {config}")
 
+    def save(self, folder: Path, hidden: int) -> None:
+        """Write ``config.json`` in ``folder``, as sentence-transformers' Pooling does."""
+        folder.mkdir(exist_ok=True)
+        config = {
+            "word_embedding_dimension": hidden,
+            "pooling_mode_cls_token": self.mode == "cls",
+            "pooling_mode_mean_tokens": self.mode == "mean",
+            "pooling_mode_max_tokens": self.mode == "max",
+        }
+        (folder / "config.json").write_text(json.dumps(config))
+
     def __call__(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         hidden = hidden.float()
         if self.mode == "cls":
@@ -91,6 +102,21 @@ class Dense(torch.nn.Module):
         state = load_file(weights) if weights.is_file() else torch.load(folder / "pytorch_model.bin", weights_only=True)
         dense.load_state_dict(state)
         return dense
+
+    def save(self, folder: Path) -> None:
+        """Write ``config.json`` and ``model.safetensors`` in ``folder``, as sentence-transformers' Dense does."""
+        from safetensors.torch import save_file
+
+        folder.mkdir(exist_ok=True)
+        config = {
+            "in_features": self.linear.in_features,
+            "out_features": self.linear.out_features,
+            "bias": self.linear.bias is not None,
+            "activation_function": self.activation_name,
+        }
+        (folder / "config.json").write_text(json.dumps(config))
+        weights = {name: tensor.detach().cpu().contiguous() for name, tensor in self.state_dict().items()}
+        save_file(weights, folder / "model.safetensors")
 
 
 def _load_transformer(folder: Path) -> torch.nn.Module:
@@ -154,58 +180,24 @@ class SentenceEncoder(torch.nn.Module):
 
     def save(self, folder: Path) -> None:
         """Write a sentence-transformers folder (Transformer, Pooling, [Dense], [Normalize]; safetensors)."""
-        from safetensors.torch import save_file
-
         folder.mkdir(parents=True, exist_ok=True)
         self.transformer.save_pretrained(folder, safe_serialization=True)
         self.tokenizer.save_pretrained(folder)
         (folder / "sentence_bert_config.json").write_text(
             json.dumps({"max_seq_length": self.max_seq_length, "do_lower_case": False})
         )
-        hidden = self.transformer.config.hidden_size
+        self.pooling.save(folder / "1_Pooling", self.transformer.config.hidden_size)
         modules = [
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
         ]
-        (folder / "1_Pooling").mkdir(exist_ok=True)
-        (folder / "1_Pooling" / "config.json").write_text(
-            json.dumps(
-                {
-                    "word_embedding_dimension": hidden,
-                    "pooling_mode_cls_token": self.pooling.mode == "cls",
-                    "pooling_mode_mean_tokens": self.pooling.mode == "mean",
-                    "pooling_mode_max_tokens": self.pooling.mode == "max",
-                }
-            )
-        )
         if self.dense is not None:
-            dense_dir = folder / "2_Dense"
-            dense_dir.mkdir(exist_ok=True)
-            linear = self.dense.linear
-            (dense_dir / "config.json").write_text(
-                json.dumps(
-                    {
-                        "in_features": linear.in_features,
-                        "out_features": linear.out_features,
-                        "bias": linear.bias is not None,
-                        "activation_function": self.dense.activation_name,
-                    }
-                )
-            )
-            save_file(
-                {k: v.detach().cpu().contiguous() for k, v in self.dense.state_dict().items()},
-                dense_dir / "model.safetensors",
-            )
+            self.dense.save(folder / "2_Dense")
             modules.append({"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
         if self.normalize:
-            modules.append(
-                {
-                    "idx": len(modules),
-                    "name": str(len(modules)),
-                    "path": f"{len(modules)}_Normalize",
-                    "type": "sentence_transformers.models.Normalize",
-                }
-            )
+            index = len(modules)
+            path, kind = f"{index}_Normalize", "sentence_transformers.models.Normalize"
+            modules.append({"idx": index, "name": str(index), "path": path, "type": kind})
         (folder / "modules.json").write_text(json.dumps(modules, indent=2))
 
     @property

@@ -45,47 +45,6 @@ def failure(uri: str, exc: OSError) -> StorageError:
 class LocalBackend:
     """Objects are files; temp and lock files are hidden siblings."""
 
-    def _write_temp(self, uri: str, data: Data | BinaryIO) -> tuple[str, int, str]:
-        """Write ``data`` completely to a fsynced hidden temp file; return (temp path, size, etag)."""
-        folder, name = os.path.split(path_of(uri))
-        os.makedirs(folder, exist_ok=True)
-        tmp = os.path.join(folder, f"{TMP_PREFIX}{name}-{secrets.token_hex(6)}")
-        digest, size = hashlib.sha256(), 0
-        try:
-            with open(tmp, "xb") as fh:
-                for chunk in chunks(data, CHUNK):
-                    fh.write(chunk)
-                    digest.update(chunk)
-                    size += len(chunk)
-                fh.flush()
-                os.fsync(fh.fileno())
-        except BaseException:
-            _unlink_quietly(tmp)
-            raise
-        return tmp, size, digest.hexdigest()
-
-    def _publish(self, uri: str, data: Data | BinaryIO) -> ObjectInfo:
-        tmp, size, etag = self._write_temp(uri, data)
-        try:
-            os.replace(tmp, path_of(uri))
-        except BaseException:
-            _unlink_quietly(tmp)
-            raise
-        _fsync_folder(os.path.dirname(path_of(uri)))
-        return ObjectInfo(uri, size, etag)
-
-    def _link(self, uri: str, data: Data) -> ObjectInfo | None:
-        """Publish only if absent (hard link of a complete temp file); None when it existed."""
-        tmp, size, etag = self._write_temp(uri, data)
-        try:
-            os.link(tmp, path_of(uri))
-        except FileExistsError:
-            return None
-        finally:
-            _unlink_quietly(tmp)
-        _fsync_folder(os.path.dirname(path_of(uri)))
-        return ObjectInfo(uri, size, etag)
-
     def read_bytes(self, uri: str) -> bytes:
         try:
             with open(path_of(uri), "rb") as fh:
@@ -95,20 +54,20 @@ class LocalBackend:
 
     def write_bytes(self, uri: str, data: Data | BinaryIO) -> ObjectInfo:
         try:
-            return self._publish(uri, data)
+            return _publish(uri, data)
         except OSError as exc:
             raise failure(uri, exc) from exc
 
     def put_if_absent(self, uri: str, data: Data) -> bool:
         try:
-            return self._link(uri, data) is not None
+            return _link(uri, data) is not None
         except OSError as exc:
             raise failure(uri, exc) from exc
 
     def compare_and_swap(self, uri: str, data: Data, expected_etag: str | None) -> ObjectInfo:
         try:
             if expected_etag is None:
-                info = self._link(uri, data)
+                info = _link(uri, data)
                 if info is None:
                     raise PreconditionFailed(uri, "object already exists")
                 return info
@@ -122,7 +81,7 @@ class LocalBackend:
                     current = None
                 if current != expected_etag:
                     raise PreconditionFailed(uri, "etag is stale" if current else "object does not exist")
-                return self._publish(uri, data)
+                return _publish(uri, data)
         except OSError as exc:
             raise failure(uri, exc) from exc
 
@@ -179,6 +138,50 @@ class LocalBackend:
                 modified = datetime.fromtimestamp(stat.st_mtime, UTC)
                 found.append(ListedObject("file://" + path, stat.st_size, modified, _stat_version(stat)))
         return found
+
+
+def _write_temp(uri: str, data: Data | BinaryIO) -> tuple[str, int, str]:
+    """Write ``data`` completely to a fsynced hidden temp file; return (temp path, size, etag)."""
+    folder, name = os.path.split(path_of(uri))
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f"{TMP_PREFIX}{name}-{secrets.token_hex(6)}")
+    digest, size = hashlib.sha256(), 0
+    try:
+        with open(tmp, "xb") as fh:
+            for chunk in chunks(data, CHUNK):
+                fh.write(chunk)
+                digest.update(chunk)
+                size += len(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    return tmp, size, digest.hexdigest()
+
+
+def _publish(uri: str, data: Data | BinaryIO) -> ObjectInfo:
+    tmp, size, etag = _write_temp(uri, data)
+    try:
+        os.replace(tmp, path_of(uri))
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
+    _fsync_folder(os.path.dirname(path_of(uri)))
+    return ObjectInfo(uri, size, etag)
+
+
+def _link(uri: str, data: Data) -> ObjectInfo | None:
+    """Publish only if absent (hard link of a complete temp file); None when it existed."""
+    tmp, size, etag = _write_temp(uri, data)
+    try:
+        os.link(tmp, path_of(uri))
+    except FileExistsError:
+        return None
+    finally:
+        _unlink_quietly(tmp)
+    _fsync_folder(os.path.dirname(path_of(uri)))
+    return ObjectInfo(uri, size, etag)
 
 
 def read_whole(uri: str, digest: Any | None) -> Any:

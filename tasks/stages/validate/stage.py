@@ -63,11 +63,8 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     if decision["passed"] and params.promote:
         promotion.promote_model(params.store, params.model_run, measured.sts["student"], stage_run.uri, promoted_etag)
     else:
-        log.info(
-            "validate %s: not promoted (%s)",
-            params.model_run,
-            "the gate failed" if params.promote else "promote is off",
-        )
+        why = "the gate failed" if params.promote else "promote is off"
+        log.info("validate %s: not promoted (%s)", params.model_run, why)
     return result
 
 
