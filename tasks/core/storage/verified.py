@@ -87,9 +87,9 @@ def read_parquet(uri: str, columns: list[str] | None, sha256: str) -> pa.Table:
     GIL, so the check costs little wall time); the table is returned only once the digest matches, and a
     digest mismatch wins over any parse error. Small objects (where a thread costs more than it saves, and
     Arrow's decoding already uses the cores) and S3 objects are hashed as they are read, before parsing."""
-    if uri.startswith("s3://") or local.LocalBackend().size(uri) < PARALLEL_VERIFY_BYTES:
+    version = None if uri.startswith("s3://") else local.version(uri)
+    if version is None or version[0] < PARALLEL_VERIFY_BYTES:  # version[0]: the file's size
         return parse_parquet(uri, read(uri, sha256), columns)
-    version = local.version(uri)
     data = local.read_whole(uri, None)
     if _seen(uri, sha256, version):
         return parse_parquet(uri, _reread(uri, sha256, version, data), columns)
