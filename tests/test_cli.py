@@ -9,7 +9,7 @@ import pytest
 
 from tasks import cli
 from tasks.core import storage
-from tasks.stages.params import PARAMS
+from tasks.stages.registry import STAGES
 
 
 def test_stage_corpus_runs_then_skips(tmp_path, capsys):
@@ -96,7 +96,7 @@ print(json.dumps({"helps": helps, "heavy": sorted(m for m in ("torch", "transfor
 def test_help_of_every_command_imports_neither_torch_nor_transformers():
     run = subprocess.run([sys.executable, "-c", _HELP_PROBE], capture_output=True, text=True, check=True, timeout=120)
     report = json.loads(run.stdout.strip().splitlines()[-1])
-    expected = {"--help"} | {f"{cli.command_name(stage)} --help" for stage in PARAMS}
+    expected = {"--help"} | {f"{cli.command_name(stage)} --help" for stage in STAGES}
     assert expected <= set(report["helps"])
     for argv, result in report["helps"].items():
         assert result["code"] == 0 and result["chars"] > 100, argv
@@ -135,7 +135,7 @@ def test_help_shows_defaults_and_choices():
     assert "--batch-size BATCH_SIZE" in text and "--force" in text
     assert "--ingest-date" not in text  # each stage shows its own options
     top = " ".join(subprocess.run([hpd, "--help"], capture_output=True, text=True, check=True).stdout.split())
-    for stage in PARAMS:
+    for stage in STAGES:
         assert cli.command_name(stage) in top
 
 

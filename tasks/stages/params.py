@@ -247,19 +247,3 @@ class GCParams(StageParams):
         24, ge=0, description="delete unreferenced objects only once they are older than this (hours)"
     )
     dry_run: bool = Field(False, description="list what would be deleted, delete nothing")
-
-
-# Each stage's parameter model; the stage itself is the module ``tasks.stages.<stage>``, whose ``run``
-# takes these parameters.
-PARAMS: dict[catalog.Stage, type[StageParams]] = {
-    catalog.Stage.STAGE_CORPUS: StageCorpusParams,
-    catalog.Stage.AUGMENT: AugmentParams,
-    catalog.Stage.ENCODE_TEACHER: EncodeTeacherParams,
-    catalog.Stage.FIT_PCA: FitPCAParams,
-    catalog.Stage.DISTILL: DistillParams,
-    catalog.Stage.VALIDATE: ValidateParams,
-    catalog.Stage.BUILD_INDEX: BuildIndexParams,
-    catalog.Stage.QUALITY: QualityParams,
-    catalog.Stage.DRIFT: DriftParams,
-    catalog.Stage.GC: GCParams,
-}

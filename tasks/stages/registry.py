@@ -8,14 +8,39 @@ loads neither torch, transformers nor FAISS; the imports are plain statements, w
 from __future__ import annotations
 
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 from tasks.core.catalog import Stage
 from tasks.core.config import StageParams
-from tasks.core.manifest import StageResult
-from tasks.stages.params import PARAMS
+from tasks.stages.params import (
+    AugmentParams,
+    BuildIndexParams,
+    DistillParams,
+    DriftParams,
+    EncodeTeacherParams,
+    FitPCAParams,
+    GCParams,
+    QualityParams,
+    StageCorpusParams,
+    ValidateParams,
+)
+
+if TYPE_CHECKING:  # the manifest module brings storage (boto3, pyarrow): not for `hpd --help`
+    from tasks.core.manifest import StageResult
 
 # The stages in the order a chain runs them; each one's parameter model.
-STAGES: dict[Stage, type[StageParams]] = PARAMS
+STAGES: dict[Stage, type[StageParams]] = {
+    Stage.STAGE_CORPUS: StageCorpusParams,
+    Stage.AUGMENT: AugmentParams,
+    Stage.ENCODE_TEACHER: EncodeTeacherParams,
+    Stage.FIT_PCA: FitPCAParams,
+    Stage.DISTILL: DistillParams,
+    Stage.VALIDATE: ValidateParams,
+    Stage.BUILD_INDEX: BuildIndexParams,
+    Stage.QUALITY: QualityParams,
+    Stage.DRIFT: DriftParams,
+    Stage.GC: GCParams,
+}
 
 
 def module(stage: Stage) -> ModuleType:  # noqa: C901 - one branch a stage
