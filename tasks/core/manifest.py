@@ -120,6 +120,15 @@ class Output:
             )
         return {"key": key, **{k: v for k, v in asdict(self).items() if k != "uri"}}
 
+    def damage(self) -> str | None:
+        """What is wrong with the object as published (missing, or another size than recorded), None when
+        nothing is: a stat, or one HEAD on S3; no reading."""
+        try:
+            size = storage.size(self.uri)
+        except storage.ObjectNotFound:
+            return "is missing"
+        return None if size == self.bytes else f"has {size} bytes, the manifest records {self.bytes}"
+
     @classmethod
     def from_dict(cls, record: dict[str, Any], store: str) -> Self:
         fields = dict(record)
@@ -273,16 +282,6 @@ def parse(uri: str, body: bytes, store: str) -> Manifest:
     return Manifest.from_dict(document, uri, store)
 
 
-def _damage(output: Output) -> str | None:
-    """What is wrong with ``output`` as published (missing, or another size than recorded), None when
-    nothing is: a stat, or one HEAD on S3; no reading."""
-    try:
-        size = storage.size(output.uri)
-    except storage.ObjectNotFound:
-        return "is missing"
-    return None if size == output.bytes else f"has {size} bytes, the manifest records {output.bytes}"
-
-
 def _described(item: Input | Output) -> str:
     """``uri (rows, bytes)``, credentials removed."""
     facts = ([] if item.rows is None else [f"{item.rows:,} rows"]) + (
@@ -358,6 +357,88 @@ def _orchestration() -> dict[str, Any]:
 
 
 @dataclass
+class _Published:
+    """What is published at manifest ``uri``, read once: its etag (for the compare-and-swap of a publish), the
+    manifest when it is a valid one, else the error that says why not."""
+
+    uri: str
+    store: str
+    looked_up: bool = False
+    manifest: Manifest | None = None
+    etag: str | None = None
+    error: ManifestError | None = None
+
+    def look_up(self) -> None:
+        self.looked_up, self.manifest, self.etag, self.error = True, None, None, None
+        try:
+            info = storage.head(self.uri)
+            body = storage.read_bytes(self.uri)
+        except storage.ObjectNotFound:
+            return
+        self.etag = info.etag
+        try:
+            self.manifest = parse(self.uri, body, self.store)
+        except ManifestError as exc:
+            self.error = exc
+
+    def seen(self) -> Manifest | None:
+        """The manifest as first looked up (a corrupt one: None)."""
+        if not self.looked_up:
+            self.look_up()
+        return self.manifest
+
+    def valid(self) -> Manifest | None:
+        """Look again: the manifest published (None when there is none); :class:`ManifestError` naming the URI
+        when what is published there is not a valid manifest."""
+        self.look_up()
+        if self.error is not None:
+            raise ManifestError(str(self.error))
+        return self.manifest
+
+    def verdict(self, fingerprint: str, params: dict[str, Any], inputs: list[Input]) -> tuple[Manifest | None, str]:
+        """The published manifest when the work of ``fingerprint`` is done (else None), and why."""
+        previous = self.valid()
+        if previous is None:
+            return None, f"no manifest at {uris.redact(self.uri)}"
+        if previous.fingerprint != fingerprint:
+            return None, f"the published manifest has another fingerprint ({_changes(params, inputs, previous)})"
+        for output in previous.outputs:
+            if damage := output.damage():
+                return None, f"output {uris.redact(output.uri)} {damage}"
+        return previous, f"{uris.redact(self.uri)} matches, and its {len(previous.outputs)} output(s) are intact"
+
+
+@dataclass(frozen=True)
+class _StageLog:
+    """The log lines of one stage run, under its stage and key."""
+
+    stage: Stage
+    key: str
+
+    def note(self, level: int, message: str, *args: object) -> None:
+        log.log(level, "%s %s: " + message, self.stage, self.key, *args)
+
+    def items(self, kind: str, items: Sequence[Input | Output]) -> None:
+        """Each of ``items``: the first few at INFO, the rest at DEBUG."""
+        for position, item in enumerate(items):
+            self.note(logging.INFO if position < _LISTED else logging.DEBUG, "%s %s", kind, _described(item))
+        if len(items) > _LISTED:
+            self.note(logging.INFO, "... and %d more %ss (listed at DEBUG)", len(items) - _LISTED, kind)
+
+    def start(self, run_id: str, store: str, inputs: list[Input], params: dict[str, Any]) -> None:
+        """The run's store, inputs and params, credentials removed."""
+        self.note(logging.INFO, "started run %s in %s; inputs: %s", run_id, uris.redact(store), _totals(inputs))
+        self.items("input", inputs)
+        shown = redact(recorded_params(params))
+        self.note(logging.INFO, "params %s", ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in shown.items()))
+
+    def published(self, outputs: list[Output], uri: str, seconds: float) -> None:
+        self.items("output", outputs)
+        what = "published %s, then the manifest %s; %s in all"
+        self.note(logging.INFO, what, _totals(outputs), uris.redact(uri), format_duration(seconds))
+
+
+@dataclass
 class StageRun:
     """Collects one stage run's inputs, outputs, stats and timings, and publishes its manifest."""
 
@@ -372,13 +453,11 @@ class StageRun:
     timings_s: dict[str, float] = field(default_factory=dict)
     started_at: str = field(default_factory=_now)
     _clock: float = field(default_factory=time.perf_counter)
-    _previous: Manifest | None = None
-    _previous_etag: str | None = None
-    _previous_error: ManifestError | None = None
-    _looked_up: bool = False
 
     def __post_init__(self) -> None:
-        _log_start(self)
+        self._log = _StageLog(self.stage, self.key)
+        self._log.start(self.run_id, self.store, self.inputs, self.params)
+        self._published = _Published(self.uri, self.store)
 
     @property
     def uri(self) -> str:
@@ -388,47 +467,27 @@ class StageRun:
     def fingerprint(self) -> str:
         return fingerprint(self.stage, self.key, self.inputs, self.params, self.store)
 
-    def _look_up(self) -> None:
-        """Read the published manifest once: its etag always (for the compare-and-swap of :meth:`publish`),
-        the document when it is a valid manifest, else the error that says why not."""
-        self._looked_up = True
-        self._previous, self._previous_etag, self._previous_error = None, None, None
-        try:
-            info = storage.head(self.uri)
-            body = storage.read_bytes(self.uri)
-        except storage.ObjectNotFound:
-            return
-        self._previous_etag = info.etag
-        try:
-            self._previous = parse(self.uri, body, self.store)
-        except ManifestError as exc:
-            self._previous_error = exc
-
     def previous(self) -> Manifest | None:
         """The manifest already published for this stage and key (any fingerprint), if any; raises
         :class:`ManifestError` naming the URI when what is published there is not a valid manifest."""
-        self._look_up()
-        if self._previous_error is not None:
-            raise ManifestError(str(self._previous_error))
-        return self._previous
+        return self._published.valid()
 
     def previous_outputs(self) -> set[str]:
         """URIs listed by the manifest this run replaces, as read when the run first looked for it.
         A corrupt manifest lists nothing: a forced run replaces it and deletes no shard on its word."""
-        if not self._looked_up:
-            self._look_up()
-        return {o.uri for o in self._previous.outputs} if self._previous else set()
+        replaced = self._published.seen()
+        return {o.uri for o in replaced.outputs} if replaced else set()
 
     def completed(self) -> Manifest | None:
-        """The published manifest if the work is already done: it has this run's fingerprint and every
-        output it lists is still published with its recorded size."""
-        return _verdict(self)[0]
+        """The published manifest if the work is done: this run's fingerprint, every output intact."""
+        return self._published.verdict(self.fingerprint, self.params, self.inputs)[0]
 
     def skip_result(self, force: bool) -> StageResult | None:
         """The result of skipping this run (its work is done), or None when it must run; the decision and
         its reason are logged. A forced run reads no manifest here, so it recovers from a corrupt one."""
-        done, reason = (None, "forced, the published manifest is not read") if force else _verdict(self)
-        _note(self, logging.INFO, "%s: %s", "running" if done is None else "skipped", reason)
+        forced = (None, "forced, the published manifest is not read")
+        done, reason = forced if force else self._published.verdict(self.fingerprint, self.params, self.inputs)
+        self._log.note(logging.INFO, "%s: %s", "running" if done is None else "skipped", reason)
         return None if done is None else StageResult.of(done, self.uri, skipped=True)
 
     @contextmanager
@@ -441,7 +500,7 @@ class StageRun:
         finally:
             took = time.perf_counter() - start
             self.timings_s[name] = round(self.timings_s.get(name, 0.0) + took, 4)
-            _note(self, logging.INFO, "phase %s %s %s", name, outcome, format_duration(took))
+            self._log.note(logging.INFO, "phase %s %s %s", name, outcome, format_duration(took))
 
     def add_output(self, uri: str, body: bytes, rows: int | None = None) -> None:
         """Record a published object that is not a dataset shard."""
@@ -454,9 +513,8 @@ class StageRun:
 
     def add_shard(self, shard: Any) -> None:
         """Record a published :class:`tasks.core.parquet_shards.Shard`."""
-        self.outputs.append(
-            Output(shard.uri, shard.sha256, shard.rows, shard.bytes, shard.contract, shard.schema_version)
-        )
+        facts = (shard.sha256, shard.rows, shard.bytes, shard.contract, shard.schema_version)
+        self.outputs.append(Output(shard.uri, *facts))
 
     def build(self) -> dict[str, Any]:
         """The manifest document, as published: lineage below the store by store-relative key (see the
@@ -464,7 +522,6 @@ class StageRun:
         self.timings_s["total"] = round(time.perf_counter() - self._clock, 4)
         document: dict[str, Any] = redact(
             {
-                "manifest_version": MANIFEST_VERSION,
                 "stage": str(self.stage),
                 "run_id": self.run_id,
                 "key": self.key,
@@ -473,12 +530,10 @@ class StageRun:
                 "outputs": [o.to_dict(self.store, n) for n, o in enumerate(self.outputs)],
                 "params": recorded_params(self.params),
                 "stats": self.stats,
-                "code_version": code_version(),
-                "packages": package_versions(),
                 "started_at": self.started_at,
                 "ended_at": _now(),
                 "timings_s": self.timings_s,
-                "host": socket.gethostname(),
+                **_provenance(),
             }
         )
         document |= _orchestration()
@@ -486,17 +541,13 @@ class StageRun:
         return document
 
     def publish(self) -> StageResult:
-        """Validate and publish the manifest; call after every output is published.
-
-        Replaces the manifest seen by :meth:`previous` by compare-and-swap, so a concurrent run
-        that published in between is detected instead of overwritten.
-        """
-        if not self._looked_up:
-            self._look_up()  # a corrupt manifest is replaced: only its etag is needed
+        """Validate and publish the manifest, after every output: by compare-and-swap over the one this run saw,
+        so a concurrent run that published in between is detected instead of overwritten."""
+        self._published.seen()  # a corrupt manifest is replaced: only its etag is needed
         document = self.build()
         body = json.dumps(document, indent=2, sort_keys=True).encode()
         try:
-            storage.compare_and_swap(self.uri, body, self._previous_etag)
+            storage.compare_and_swap(self.uri, body, self._published.etag)
         except storage.PreconditionFailed:
             winner = parse(self.uri, storage.read_bytes(self.uri), self.store)
             if winner.fingerprint != self.fingerprint:
@@ -504,65 +555,23 @@ class StageRun:
                     f"{self.uri}: a concurrent {self.stage} run published a manifest for "
                     f"different inputs or params; rerun to reconcile"
                 ) from None
-            _note(self, logging.WARNING, "a concurrent run published the same work first; its manifest stands")
+            self._log.note(logging.WARNING, "a concurrent run published the same work first; its manifest stands")
             return StageResult.of(winner, self.uri, skipped=False)
-        _log_published(self)
+        self._log.published(self.outputs, self.uri, self.timings_s["total"])
         return StageResult.of(Manifest.from_dict(document, self.uri, self.store), self.uri, skipped=False)
 
 
-def _note(run: StageRun, level: int, message: str, *args: object) -> None:
-    """Log ``message`` under the run's stage and key."""
-    log.log(level, "%s %s: " + message, run.stage, run.key, *args)
+def _provenance() -> dict[str, Any]:
+    """What a manifest records of the code and host that wrote it."""
+    versions = {"code_version": code_version(), "packages": package_versions()}
+    return {"manifest_version": MANIFEST_VERSION, **versions, "host": socket.gethostname()}
 
 
-def _list(run: StageRun, kind: str, items: Sequence[Input | Output]) -> None:
-    """Log each of ``items``: the first few at INFO, the rest at DEBUG."""
-    for position, item in enumerate(items):
-        _note(run, logging.INFO if position < _LISTED else logging.DEBUG, "%s %s", kind, _described(item))
-    if len(items) > _LISTED:
-        _note(run, logging.INFO, "... and %d more %ss (listed at DEBUG)", len(items) - _LISTED, kind)
-
-
-def _log_start(run: StageRun) -> None:
-    """The run's store, inputs and params, credentials removed."""
-    _note(
-        run, logging.INFO, "started run %s in %s; inputs: %s", run.run_id, uris.redact(run.store), _totals(run.inputs)
-    )
-    _list(run, "input", run.inputs)
-    shown = redact(recorded_params(run.params))
-    _note(run, logging.INFO, "params %s", ", ".join(f"{k}={json.dumps(v, default=str)}" for k, v in shown.items()))
-
-
-def _log_published(run: StageRun) -> None:
-    _list(run, "output", run.outputs)
-    _note(
-        run,
-        logging.INFO,
-        "published %s, then the manifest %s; %s in all",
-        _totals(run.outputs),
-        uris.redact(run.uri),
-        format_duration(run.timings_s["total"]),
-    )
-
-
-def _verdict(run: StageRun) -> tuple[Manifest | None, str]:
-    """The published manifest when the run's work is done (else None), and why."""
-    previous = run.previous()
-    if previous is None:
-        return None, f"no manifest at {uris.redact(run.uri)}"
-    if previous.fingerprint != run.fingerprint:
-        return None, f"the published manifest has another fingerprint ({_changes(run, previous)})"
-    for output in previous.outputs:
-        if damage := _damage(output):
-            return None, f"output {uris.redact(output.uri)} {damage}"
-    return previous, f"{uris.redact(run.uri)} matches, and its {len(previous.outputs)} output(s) are intact"
-
-
-def _changes(run: StageRun, previous: Manifest) -> str:
+def _changes(params: dict[str, Any], inputs: list[Input], previous: Manifest) -> str:
     """What differs from the ``previous`` run: the names of changed params, the inputs new and gone."""
-    ours = json.loads(json.dumps(redact(recorded_params(run.params)), default=str))
+    ours = json.loads(json.dumps(redact(recorded_params(params)), default=str))
     names = sorted(n for n in ours.keys() | previous.params.keys() if ours.get(n) != previous.params.get(n))
-    now, before = ({(uris.redact(i.uri), i.sha256) for i in inputs} for inputs in (run.inputs, previous.inputs))
+    now, before = ({(uris.redact(i.uri), i.sha256) for i in listed} for listed in (inputs, previous.inputs))
     changes = [f"params changed: {', '.join(names)}"] if names else []
     if now != before:
         changes.append(f"inputs: {len(now - before)} new or changed, {len(before - now)} replaced or gone")

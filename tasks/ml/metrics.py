@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 
@@ -33,8 +35,15 @@ def mean_reciprocal_rank(queries: np.ndarray, candidates: np.ndarray, answers: n
     return float(np.mean(1.0 / ranks))
 
 
-def fidelity(predicted: np.ndarray, targets: np.ndarray) -> dict:
+class Fidelity(NamedTuple):
+    """How close student outputs come to their targets."""
+
+    mse: float
+    mean_cosine: float
+
+
+def fidelity(predicted: np.ndarray, targets: np.ndarray) -> Fidelity:
     """Mean squared error and mean cosine between student outputs and teacher targets."""
     predicted, targets = np.asarray(predicted, np.float64), np.asarray(targets, np.float64)
     cosine = (l2_normalise(predicted) * l2_normalise(targets)).sum(axis=1)
-    return {"mse": float(((predicted - targets) ** 2).mean()), "mean_cosine": float(cosine.mean())}
+    return Fidelity(float(((predicted - targets) ** 2).mean()), float(cosine.mean()))

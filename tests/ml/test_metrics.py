@@ -25,5 +25,5 @@ def test_mrr_by_hand():
 
 def test_fidelity_by_hand():
     result = metrics.fidelity(np.array([[1.0, 0.0], [0.0, 2.0]]), np.array([[1.0, 0.0], [0.0, -2.0]]))
-    assert result["mse"] == pytest.approx((0 + 0 + 0 + 16) / 4)
-    assert result["mean_cosine"] == pytest.approx(0.0)
+    assert result.mse == pytest.approx((0 + 0 + 0 + 16) / 4)
+    assert result.mean_cosine == pytest.approx(0.0)

@@ -22,7 +22,8 @@ from tasks.ml import student
 from tasks.ml.encoder import SentenceEncoder
 from tasks.ml.onnx_encoder import OnnxEncoder
 from tasks.stages import distill
-from tasks.stages.distill.data import DistillDataError, ShardPair, TrainingData, read_pair, shard_pairs
+from tasks.stages.distill.data import DistillDataError, ShardPair, TrainingData, shard_pairs
+from tasks.stages.distill.evaluation import Evaluation, FidelityEvaluator
 from tests.support.paths import REPO, SUPPORT
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
 from tests.support.servers import free_port
@@ -84,7 +85,7 @@ def _max_diff(a, b):
 def test_pairs_follow_lineage(prepared):
     pairs = shard_pairs(prepared["store"], prepared["teacher"], PCA_NAME)
     assert len(pairs) == 3 and sum(p.rows for p in pairs) == 240
-    ids, texts, targets = read_pair(pairs[0])
+    ids, texts, targets = pairs[0].read()
     assert len(ids) == len(texts) == 80 and targets.shape == (80, 8)
 
 
@@ -169,7 +170,7 @@ def test_killed_run_resumes_to_the_same_weights(prepared):
     assert straight.stats["steps"] == resumed.stats["steps"] == 12
 
 
-def _trainer_lines(caplog, logger="tasks.stages.distill.trainer"):
+def _trainer_lines(caplog, logger="tasks.stages.distill.run_log"):
     return [r.getMessage() for r in caplog.records if r.name == logger]
 
 
@@ -317,7 +318,7 @@ def test_patience_stops_the_trainer_and_keeps_the_best_step(prepared, monkeypatc
     """Validation worsens after step 2: with patience 2 the run stops at the second evaluation without
     improvement (step 4), the best weights being step 2's."""
     scores = {0: 1.0, 1: 0.6, 2: 0.5, 3: 0.7, 4: 0.8}
-    monkeypatch.setattr(distill.Trainer, "validate", lambda self: {"val_mse": scores[self.state.step], "val_cosine": 0})
+    monkeypatch.setattr(FidelityEvaluator, "evaluate", lambda self, model, step: Evaluation(step, scores[step], 0.0))
     caplog.set_level(logging.INFO, logger="tasks")
     result = distill.run(_params(prepared, init="random", eval_every=1, patience=2, name="patience"))
     stats = result.stats
@@ -332,7 +333,7 @@ def test_a_batch_that_does_not_split_over_the_processes_is_named(prepared):
     data = TrainingData(shard_pairs(params.store, params.teacher, PCA_NAME), 0, params.val_fraction, 100)
     with pytest.raises(distill.DistillError, match="batch_size 16 is not a multiple of grad_accum 2 times 3"):
         distill.Trainer(params, data, "cpu", distill.Distributed(0, 3), "split")
-    assert distill.Trainer(params, data, "cpu", distill.Distributed(0, 2), "split").micro_batch == 4
+    assert distill.Trainer(params, data, "cpu", distill.Distributed(0, 2), "split").plan.micro_batch == 4
 
 
 def test_too_few_rows_for_one_round_over_the_processes_is_named(prepared):
@@ -341,7 +342,7 @@ def test_too_few_rows_for_one_round_over_the_processes_is_named(prepared):
     said = f"{data.train_rows} training rows fill no round of micro-batches of 128 rows on each of 2 processes"
     with pytest.raises(distill.DistillError, match=said):
         distill.Trainer(params, data, "cpu", distill.Distributed(0, 2), "few")
-    assert distill.Trainer(params, data, "cpu", distill.Distributed(0, 1), "few").total_steps == params.epochs
+    assert distill.Trainer(params, data, "cpu", distill.Distributed(0, 1), "few").plan.total_steps == params.epochs
 
 
 def test_corrupted_checkpoint_is_named_and_nothing_is_published(prepared):
@@ -393,14 +394,14 @@ class _Stop(Exception):
 
 def _stopped_after_first_checkpoint(params, monkeypatch) -> None:
     """Run ``params`` and stop it right after its first checkpoint, as a kill would."""
-    save = distill.Trainer._save_checkpoint
+    save = distill.Trainer.save_checkpoint
 
     def save_then_stop(self):
         save(self)
         raise _Stop
 
     with monkeypatch.context() as patch:
-        patch.setattr(distill.Trainer, "_save_checkpoint", save_then_stop)
+        patch.setattr(distill.Trainer, "save_checkpoint", save_then_stop)
         with pytest.raises(_Stop):
             distill.run(params)
 
@@ -520,7 +521,7 @@ def test_bad_training_data_is_named(prepared, tmp_path):
     uri = storage.to_uri(str(tmp_path / "broken.parquet"))
     storage.write_parquet(uri, broken)
     with pytest.raises(DistillDataError, match="1 target id"):
-        read_pair(ShardPair(pair.sentences_uri, uri, ("", ""), pair.rows))
+        ShardPair(pair.sentences_uri, uri, ("", ""), pair.rows).read()
     with pytest.raises(DistillDataError, match="no PCA run 'k9-nope'"):
         distill.run(_params(prepared, pca_name="k9-nope"))
     with pytest.raises(DistillDataError, match="validation split is empty"):

@@ -4,6 +4,7 @@ scores better by ``select_on``; the initial weights survive a resume."""
 import io
 import json
 import logging
+from dataclasses import replace
 from datetime import date
 
 import numpy as np
@@ -13,11 +14,11 @@ import torch
 from tasks import cli
 from tasks.core import config, storage
 from tasks.stages import distill
-from tasks.stages.distill import blending
+from tasks.stages.distill import blending, weights
 from tasks.stages.distill import stage as distill_stage
-from tasks.stages.distill import trainer as trainer_module
 from tasks.stages.distill.data import TrainingData, shard_pairs
 from tasks.stages.distill.distributed import Distributed
+from tasks.stages.distill.evaluation import Evaluation, FidelityEvaluator
 from tests.stages.test_distill import (
     _max_diff,
     _run_file,
@@ -70,12 +71,12 @@ def _as_published(weights, published):
 def test_blend_interpolates_floating_point_tensors_and_keeps_the_others():
     initial = {"w": torch.zeros(2, 3), "h": torch.zeros(4, dtype=torch.bfloat16), "ids": torch.arange(4)}
     best = {"w": torch.full((2, 3), 2.0), "h": torch.ones(4, dtype=torch.bfloat16), "ids": torch.arange(4) + 10}
-    blended = blending.blend(initial, best, 0.25)
+    blended = weights.blend(initial, best, 0.25)
     assert torch.equal(blended["w"], torch.full((2, 3), 0.5))
     assert blended["h"].dtype == torch.bfloat16 and torch.equal(blended["h"], torch.full((4,), 0.25).bfloat16())
     assert torch.equal(blended["ids"], best["ids"])  # an integer buffer is the best weights'
     assert torch.equal(initial["w"], torch.zeros(2, 3)) and torch.equal(best["w"], torch.full((2, 3), 2.0))
-    copy = blending.cpu_copy(best)
+    copy = weights.cpu_copy(best)
     copy["w"].add_(1)
     assert copy["w"].device.type == "cpu" and torch.equal(best["w"], torch.full((2, 3), 2.0))
 
@@ -92,11 +93,13 @@ def test_blend_interpolates_floating_point_tensors_and_keeps_the_others():
 )
 def test_a_blend_is_chosen_only_when_strictly_better(select_on, best, scores, chosen):
     def record(value, **extra):
-        return {"step": 6, "val_cosine": 0.5, "val_mse": 1.0, "sts_dev": 50.0, select_on: value, **extra}
+        return Evaluation.from_record(
+            {"step": 6, "val_cosine": 0.5, "val_mse": 1.0, "sts_dev": 50.0, select_on: value, **extra}
+        )
 
     blends = [record(score, blend=a) for a, score in zip(FRACTIONS, scores, strict=True)]
     choice = blending.choose(record(best), blends, select_on)
-    assert (choice and choice["blend"]) == chosen
+    assert (choice and choice.blend) == chosen
     assert blending.choose(record(best), [], select_on) is None
 
 
@@ -138,14 +141,14 @@ def test_each_blend_is_scored_and_the_export_follows_the_scores(prepared, traine
     published = _weights(prepared["store"], "blended")
     if lowest["val_mse"] < result.stats["best_val_mse"]:
         assert exported == {**lowest, "blends": blends}
-        expected = blending.blend(trainer.initial_weights, trainer.final_weights, lowest["blend"])
+        expected = trainer.kept.blend(lowest["blend"])
     else:
         assert exported["blend"] is None and exported["val_mse"] == pytest.approx(result.stats["best_val_mse"])
-        expected = trainer.best_weights
+        expected = trainer.kept.best
     assert _max_diff(published, _as_published(expected, published)) < 1e-6
     metrics = json.loads(storage.read_bytes(_metrics_uri(prepared["store"], "blended")))
     assert metrics["exported"] == exported
-    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.stages.distill.trainer"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.stages.distill.run_log"]
     for b in blends:
         assert (
             f"distill blended: blend {b['blend']:g} of the initial weights and those of step {final_step}: "
@@ -158,32 +161,30 @@ def _metrics_uri(store, name):
     return _run_file(store, name, "metrics.json")
 
 
-def _forced_scores(monkeypatch, final_scores):
+def _forced_scores(monkeypatch, trainers, final_scores):
     """Scores that make training improve at every evaluation (so the best weights are the last ones, not the
     initial ones) and, once training is over, score the weights by ``final_scores(trainer)``."""
-    scoring = trainer_module._exported
+    choosing, measure = blending.export_choice, FidelityEvaluator.evaluate
 
-    def exported(trainer):
-        trainer.scoring_the_export = True
-        return scoring(trainer)
+    def export_choice(kept, evaluator, *rest):
+        evaluator.scoring_the_export = True
+        return choosing(kept, evaluator, *rest)
 
-    def validate(trainer):
-        scores = trainer_module._validation_scores(trainer.model, trainer.data, False)
-        if getattr(trainer, "scoring_the_export", False):
-            value = final_scores(trainer)
-        else:
-            value = -float(trainer.state.step)  # later is better
-        return {**scores, "val_mse": value, "sts_dev": -value}
+    def evaluate(evaluator, model, step):
+        measured = measure(evaluator, model, step)
+        later_is_better = -float(step)
+        value = final_scores(trainers[-1]) if getattr(evaluator, "scoring_the_export", False) else later_is_better
+        return replace(measured, val_mse=value, sts_dev=-value)
 
-    monkeypatch.setattr(trainer_module, "_exported", exported)
-    monkeypatch.setattr(distill.Trainer, "validate", validate)
+    monkeypatch.setattr(blending, "export_choice", export_choice)
+    monkeypatch.setattr(FidelityEvaluator, "evaluate", evaluate)
 
 
 def _distance_to_the_midpoint(trainer):
     """Lowest (0) for the weights halfway between the initial and the final ones."""
     now = trainer.model.state_dict()
     return sum(
-        float(((now[k].cpu() - (trainer.initial_weights[k] + trainer.final_weights[k].cpu()) / 2) ** 2).sum())
+        float(((now[k].cpu() - (trainer.kept.initial[k] + trainer.kept.final[k].cpu()) / 2) ** 2).sum())
         for k in now
         if torch.is_floating_point(now[k])
     )
@@ -191,7 +192,7 @@ def _distance_to_the_midpoint(trainer):
 
 @pytest.mark.parametrize("select_on", ["val_mse", "sts_dev"])
 def test_a_blend_that_scores_better_is_published(prepared, trainers, monkeypatch, select_on):
-    _forced_scores(monkeypatch, _distance_to_the_midpoint)
+    _forced_scores(monkeypatch, trainers, _distance_to_the_midpoint)
     name = f"midpoint-{select_on.replace('_', '-')}"
     result = distill.run(_params(prepared, select_on=select_on, name=name))
     [trainer] = trainers
@@ -199,18 +200,18 @@ def test_a_blend_that_scores_better_is_published(prepared, trainers, monkeypatch
     assert result.stats["best_step"] == 6 and exported["blend"] == 0.5 and exported["step"] == 6
     assert [b["blend"] for b in exported["blends"]] == FRACTIONS
     published = _weights(prepared["store"], name)
-    halfway = _as_published(blending.blend(trainer.initial_weights, trainer.final_weights, 0.5), published)
+    halfway = _as_published(trainer.kept.blend(0.5), published)
     assert _max_diff(published, halfway) < 1e-6
-    assert _max_diff(published, _as_published(trainer.best_weights, published)) > 1e-4  # training moved them
+    assert _max_diff(published, _as_published(trainer.kept.best, published)) > 1e-4  # training moved them
 
 
 def test_a_tie_publishes_the_best_weights(prepared, trainers, monkeypatch):
-    _forced_scores(monkeypatch, lambda trainer: 0.0)
+    _forced_scores(monkeypatch, trainers, lambda trainer: 0.0)
     result = distill.run(_params(prepared, name="tied"))
     [trainer] = trainers
     assert result.stats["exported"]["blend"] is None and len(result.stats["exported"]["blends"]) == 3
     published = _weights(prepared["store"], "tied")
-    assert _max_diff(published, _as_published(trainer.best_weights, published)) < 1e-6
+    assert _max_diff(published, _as_published(trainer.kept.best, published)) < 1e-6
 
 
 def test_the_initial_weights_survive_a_resume(prepared, trainers, monkeypatch):
@@ -225,7 +226,7 @@ def test_the_initial_weights_survive_a_resume(prepared, trainers, monkeypatch):
     resumed = distill.run(params)
     assert resumed.stats["init"]["resumed_from_step"] == 3
     first, _, restored = trainers
-    assert all(torch.equal(first.initial_weights[k], restored.initial_weights[k]) for k in first.initial_weights)
+    assert all(torch.equal(first.kept.initial[k], restored.kept.initial[k]) for k in first.kept.initial)
     assert _max_diff(_weights(prepared["store"], "blend-resumed"), _weights(prepared["store"], "blend-straight")) < 1e-6
     for ran, again in zip(straight.stats["exported"]["blends"], resumed.stats["exported"]["blends"], strict=True):
         assert again == pytest.approx(ran)
@@ -236,7 +237,7 @@ def test_without_blending_no_initial_weights_are_kept(prepared, trainers, monkey
     params = _params(prepared, blend_initial=[], checkpoint_every=3, max_steps=4, name="unblended")
     result = distill.run(params)
     [trainer] = trainers
-    assert trainer.initial_weights is None
+    assert trainer.kept.initial is None
     assert "blend" not in result.stats["exported"] and "blends" not in result.stats["exported"]
     latest = json.loads(storage.read_bytes(f"{prepared['store']}/students/unblended/checkpoints/latest.json"))
     payload = torch.load(
@@ -252,7 +253,7 @@ class _LeaderChoseHalf(Distributed):
     def gather(self, value):
         if isinstance(value, tuple):  # (the choice, every blend's evaluation)
             _, blends = value
-            return [({**blends[1], "val_mse": -1.0}, blends), value]
+            return [(replace(blends[1], val_mse=-1.0), blends), value]
         return super().gather(value)
 
 
@@ -263,7 +264,7 @@ def test_every_process_exports_the_leaders_choice(prepared):
     trainer.restore_or_initialise(force=True)
     trainer.train(progress=False)
     assert trainer.exported["blend"] == 0.5 and trainer.exported["val_mse"] == -1.0
-    halfway = blending.blend(trainer.initial_weights, trainer.final_weights, 0.5)
+    halfway = trainer.kept.blend(0.5)
     assert all(torch.equal(value, halfway[key]) for key, value in trainer.model.state_dict().items())
 
 

@@ -15,10 +15,11 @@ from tasks.ml.encoder import SentenceEncoder
 from tasks.stages import distill
 from tasks.stages.distill.data import Position, TrainingData, length_grouped, shard_pairs
 from tasks.stages.distill.distributed import Distributed
+from tasks.stages.distill.evaluation import Evaluation
 from tasks.stages.distill.objective import HPDLoss, extra_loss
+from tasks.stages.distill.run_log import RunLog
 from tasks.stages.distill.sampler import HPDBatchSampler, Order
 from tasks.stages.distill.state import TrainState
-from tasks.stages.distill.trainer import _log_evaluation
 from tests.stages.test_distill import _run_file, _values, _weights
 from tests.support.projected_store import PCA_NAME, corpus_lines, projected_store
 
@@ -137,21 +138,21 @@ def test_selection_on_sts_dev_keeps_the_best_dev_score(prepared):
 )
 def test_no_improvement_names_the_best_by_the_selection_criterion(caplog, select_on, named):
     state = TrainState()
-    for result in ({"step": 0, "val_mse": 1.0, "sts_dev": 60.0}, {"step": 5, "val_mse": 0.5, "sts_dev": 50.0}):
+    for result in (Evaluation(0, 1.0, sts_dev=60.0), Evaluation(5, 0.5, sts_dev=50.0)):
         state.record_eval(result, None, select_on)
-    last = {"step": 10, "val_mse": 0.8, "val_cosine": 0.9, "sts_dev": 40.0}
+    last = Evaluation(10, 0.8, 0.9, 40.0)
     assert not state.record_eval(last, None, select_on)
     params = SimpleNamespace(name="run", select_on=select_on, patience=None)
     caplog.set_level(logging.INFO, logger="tasks")
-    _log_evaluation(SimpleNamespace(state=state, params=params, log=logging.getLogger("tasks.test")), last, best=False)
+    RunLog(params, leader=True).evaluation(last, False, state)
     assert named in caplog.text
 
 
 def test_state_selects_lowest_mse_or_highest_dev_score():
     by_mse, by_dev = TrainState(), TrainState()
     for step, mse, dev in ((0, 1.0, 50.0), (1, 0.5, 40.0), (2, 0.7, 60.0)):
-        by_mse.record_eval({"step": step, "val_mse": mse, "sts_dev": dev}, None)
-        by_dev.record_eval({"step": step, "val_mse": mse, "sts_dev": dev}, None, "sts_dev")
+        by_mse.record_eval(Evaluation(step, mse, sts_dev=dev), None)
+        by_dev.record_eval(Evaluation(step, mse, sts_dev=dev), None, "sts_dev")
     assert (by_mse.best_step, by_mse.best_val_mse) == (1, 0.5)
     assert (by_dev.best_step, by_dev.best_val_mse, by_dev.best_score) == (2, 0.7, -60.0)
 

@@ -170,7 +170,9 @@ def test_shards_of_micro_batches_give_each_process_its_old_slice():
                 assert shard[step * accum + j] == part
 
 
-@pytest.mark.parametrize("hook", ["_load_from_checkpoint", "_load_rng_state", "add_model_card_callback"])
+@pytest.mark.parametrize(
+    "hook", ["_load_from_checkpoint", "_load_rng_state", "_save_checkpoint", "add_model_card_callback", "evaluate"]
+)
 def test_the_hooks_the_stage_overrides_exist_as_it_expects(hook):
     ours, theirs = getattr(DistillSTTrainer, hook), getattr(SentenceTransformerTrainer, hook)
     assert ours is not theirs

@@ -10,7 +10,7 @@ import time
 from tasks.core import config
 from tasks.stages import distill
 
-save = distill.Trainer._save_checkpoint
+save = distill.Trainer.save_checkpoint
 
 
 def slow_save(self):
@@ -18,5 +18,5 @@ def slow_save(self):
     time.sleep(0.5)
 
 
-distill.Trainer._save_checkpoint = slow_save
+distill.Trainer.save_checkpoint = slow_save
 distill.run(config.parse(distill.DistillParams, json.loads(sys.argv[1])))

@@ -41,6 +41,22 @@ class ShardPair:
     sha256: tuple[str, str]
     rows: int
 
+    def read(self) -> tuple[list[str], list[str], np.ndarray]:
+        """(sentence ids, texts, targets) of the pair, joined by sentence id in the targets' order. Both shards
+        are read verified against their recorded sha256 (:class:`storage.IntegrityError` on a mismatch)."""
+        sentences_sha, targets_sha = (digest or None for digest in self.sha256)
+        staged = storage.read_parquet(self.sentences_uri, columns=["sentence_id", "text"], sha256=sentences_sha)
+        targets = storage.read_parquet(self.targets_uri, columns=["sentence_id", "target"], sha256=targets_sha)
+        text_of = dict(zip(staged.column("sentence_id").to_pylist(), staged.column("text").to_pylist(), strict=True))
+        ids = targets.column("sentence_id").to_pylist()
+        missing = [sid for sid in ids if sid not in text_of]
+        if missing or len(ids) != len(text_of):
+            raise DistillDataError(
+                f"{self.targets_uri}: {len(missing)} target id(s) missing from {self.sentences_uri} "
+                f"({len(text_of) - len(ids) + len(missing)} sentence id(s) without a target)"
+            )
+        return ids, [text_of[sid] for sid in ids], parquet_shards.vectors(targets, "target")
+
 
 @dataclass(frozen=True)
 class Position:
@@ -98,23 +114,6 @@ def is_validation(sentence_ids: list[str], fraction: float, seed: int) -> np.nda
     return sentences.hashed_below(sentence_ids, fraction, f"val:{seed}")
 
 
-def read_pair(pair: ShardPair) -> tuple[list[str], list[str], np.ndarray]:
-    """(sentence ids, texts, targets) of one pair, joined by sentence id in the targets' order. Both shards
-    are read verified against their recorded sha256 (:class:`storage.IntegrityError` on a mismatch)."""
-    sentences_sha, targets_sha = (digest or None for digest in pair.sha256)
-    staged = storage.read_parquet(pair.sentences_uri, columns=["sentence_id", "text"], sha256=sentences_sha)
-    targets = storage.read_parquet(pair.targets_uri, columns=["sentence_id", "target"], sha256=targets_sha)
-    text_of = dict(zip(staged.column("sentence_id").to_pylist(), staged.column("text").to_pylist(), strict=True))
-    ids = targets.column("sentence_id").to_pylist()
-    missing = [sid for sid in ids if sid not in text_of]
-    if missing or len(ids) != len(text_of):
-        raise DistillDataError(
-            f"{pair.targets_uri}: {len(missing)} target id(s) missing from {pair.sentences_uri} "
-            f"({len(text_of) - len(ids) + len(missing)} sentence id(s) without a target)"
-        )
-    return ids, [text_of[sid] for sid in ids], parquet_shards.vectors(targets, "target")
-
-
 class TrainingData:
     """The split, validation set and seeded batch stream over a list of shard pairs."""
 
@@ -125,7 +124,7 @@ class TrainingData:
         self.train_lengths: list[np.ndarray] = []  # per pair, its training rows' text lengths (length grouping)
         self.dim = 0
         for pair in pairs:
-            ids, texts, targets = read_pair(pair)
+            ids, texts, targets = pair.read()
             if self.dim and targets.shape[1] != self.dim:
                 raise DistillDataError(
                     f"{pair.targets_uri}: targets have {targets.shape[1]} dimensions, the other shards {self.dim}"
@@ -155,7 +154,7 @@ class TrainingData:
         for shard, pair, local in self._shard_orders(start.epoch, batch_size, grouped):
             if shard < start.shard:
                 continue
-            ids, shard_texts, shard_targets = read_pair(self.pairs[pair])
+            ids, shard_texts, shard_targets = self.pairs[pair].read()
             rows = np.flatnonzero(~is_validation(ids, self.val_fraction, self.seed))[local]
             first = start.row if shard == start.shard else 0
             for offset in range(first, len(rows)):
@@ -208,7 +207,7 @@ class TrainingData:
 
     def _training_rows(self) -> Iterator[dict[str, Any]]:
         for pair in self.pairs:
-            ids, texts, targets = read_pair(pair)
+            ids, texts, targets = pair.read()
             for row in np.flatnonzero(~is_validation(ids, self.val_fraction, self.seed)):
                 yield {"sentence": texts[row], "label": targets[row]}
 

@@ -22,18 +22,18 @@ def run_summary(trainer: Trainer, init_record: dict[str, Any]) -> dict[str, Any]
     state = trainer.state
     return {
         "steps": state.step,
-        "total_steps": trainer.total_steps,
+        "total_steps": trainer.plan.total_steps,
         "train_rows": trainer.data.train_rows,
         "val_rows": len(trainer.data.val_texts),
         "k": trainer.data.dim,
         "best_step": state.best_step,
         "best_val_mse": state.best_val_mse,
-        "initial": state.evals[0] if state.evals else None,
-        "final": state.evals[-1] if state.evals else None,
+        "initial": state.evals[0].as_record() if state.evals else None,
+        "final": state.evals[-1].as_record() if state.evals else None,
         "exported": trainer.exported,
         "stopped_early": state.stopped_early,
         "init": init_record,
-        "amp": trainer.amp,
+        "amp": trainer.plan.amp,
         "world_size": trainer.dist.world,
     }
 
@@ -54,7 +54,7 @@ def files(trainer: Trainer, stage_run: manifest.StageRun, summary: dict[str, Any
             exported[storage.join(prefix, MODEL_FOLDER, *path.relative_to(folder).parts)] = path.read_bytes()
     losses = "".join(json.dumps({"step": s, "loss": loss}) + "\n" for s, loss in trainer.state.losses)
     exported[storage.join(prefix, "losses.jsonl")] = losses.encode()
-    metrics = {"evals": trainer.state.evals, **summary}
+    metrics = {"evals": [evaluation.as_record() for evaluation in trainer.state.evals], **summary}
     exported[storage.join(prefix, "metrics.json")] = json.dumps(metrics, indent=2).encode()
     return exported
 

@@ -1,43 +1,71 @@
-"""A distillation run's steps, taken by sentence-transformers' trainer.
+"""sentence-transformers' trainer, as a distillation run drives it.
 
-:func:`fit` trains the run's student through a ``SentenceTransformer`` view of its parameters
-(:func:`tasks.ml.student.as_sentence_transformer`) on the training rows as a ``datasets.Dataset``, in the
-order of :class:`.sampler.HPDBatchSampler`, with :class:`.objective.HPDLoss` and the run's own AdamW and
-schedule. The trainer does the forward and backward passes, gradient accumulation, clipping, AMP and DDP;
-:class:`Schedule` hands each finished step and epoch back to the run (progress, evaluation, early stopping,
-checkpoints). Nothing of Hugging Face's checkpoint layout is written or read: a resumed run has its weights,
-optimizer and schedule in place already, and its resume folder holds only a ``trainer_state.json`` with the
-step, from which the trainer skips the rows already trained; :class:`DistillSTTrainer` restores the run's own
-RNG states instead of loading any file.
+:func:`build` hands ``SentenceTransformerTrainer`` a ``SentenceTransformer`` view of the run's student
+(:func:`tasks.ml.student.as_sentence_transformer`), the training rows as a ``datasets.Dataset`` in the order of
+:class:`.sampler.HPDBatchSampler`, :class:`.objective.HPDLoss`, the run's AdamW and schedule, its evaluator
+and its callbacks (:mod:`.callbacks`). The trainer does the forward and backward passes, gradient accumulation,
+clipping, AMP and DDP, evaluates every ``eval_every`` steps and saves when a callback asks it to. Nothing of
+Hugging Face's checkpoint layout is written or read (:class:`DistillSTTrainer`): the run's callback writes its
+own checkpoint to the store; a resumed run has its weights, optimizer and schedule in place already, and its
+resume folder holds only a ``trainer_state.json`` with the step, from which the trainer skips the rows already
+trained, while the run's own RNG states are restored instead of any file's.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sentence_transformers import SentenceTransformerTrainer, SentenceTransformerTrainingArguments
 from transformers import TrainerCallback
 from transformers.trainer_callback import PrinterCallback, TrainerState
 
-from tasks.ml import student
+from tasks.stages.distill.data import TrainingData
+from tasks.stages.distill.evaluation import FidelityEvaluator
 from tasks.stages.distill.objective import HPDLoss
+from tasks.stages.distill.optimization import Optimization
+from tasks.stages.distill.plan import TrainingPlan
 from tasks.stages.distill.sampler import HPDBatchSampler, Order
 from tasks.stages.distill.state import restore_rng
+from tasks.stages.params import DistillParams
 
-if TYPE_CHECKING:
-    from tasks.stages.distill.trainer import Trainer
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a resumed run takes up: a folder from :func:`resume_folder`, its RNG and fp16 scaler states."""
+
+    folder: str
+    rng: dict[str, Any]
+    scaler: dict[str, Any]
 
 
 class DistillSTTrainer(SentenceTransformerTrainer):
-    """sentence-transformers' trainer, resumed from the run's own verified checkpoint: the weights are in place
-    before training, and the RNG states are the checkpoint's (``resume_rng``), not a file's."""
+    """sentence-transformers' trainer, checkpointed by the run's own callback and resumed from the run's own
+    verified checkpoint: the weights are in place before training, and the RNG states are the checkpoint's
+    (``resume_rng``), not a file's; an evaluation leaves the training's random streams as they were."""
 
     resume_rng: dict[str, Any] | None = None
 
+    def train_run(self, threads: int | None, resume: Resume | None) -> None:
+        """Train from the run's step (``resume``: a resumed run's) to its last, or an early stop."""
+        import torch
+
+        if threads:  # accelerate sets its own count under CPU DDP
+            torch.set_num_threads(threads)
+        if resume is not None:
+            self.resume_rng = resume.rng
+            if self.accelerator.scaler is not None and resume.scaler:
+                self.accelerator.scaler.load_state_dict(resume.scaler)
+        self.train(resume_from_checkpoint=resume.folder if resume else None)
+
     def add_model_card_callback(self, default_args_dict: dict[str, Any]) -> None:
         """None: the export writes our own model card (and ST's would compute examples from the rows)."""
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        """Nothing written here: the run's :class:`.callbacks.StoreCheckpoints` writes to the store on save."""
 
     def _load_from_checkpoint(self, checkpoint_path: str) -> None:
         """Nothing to load: the run restored the weights from its checkpoint."""
@@ -45,6 +73,19 @@ class DistillSTTrainer(SentenceTransformerTrainer):
     def _load_rng_state(self, checkpoint: str | None) -> None:
         if self.resume_rng is not None:
             restore_rng(self.resume_rng)
+
+    def evaluate(
+        self,
+        eval_dataset: Any = None,
+        ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval",
+    ) -> dict[str, float]:
+        """The evaluation, which must not draw from the CPU generator that dropout and the batch order use (the
+        evaluation loader draws a seed): how often a run evaluates never changes what it trains."""
+        import torch
+
+        with torch.random.fork_rng(devices=[]):
+            return super().evaluate(eval_dataset, ignore_keys, metric_key_prefix)
 
 
 class DistillSTArguments(SentenceTransformerTrainingArguments):
@@ -57,69 +98,56 @@ class DistillSTArguments(SentenceTransformerTrainingArguments):
         return min(super().n_gpu, 1)
 
 
-class Schedule(TrainerCallback):
-    """Hands the run each finished step (with its squared error, from ``loss``) and epoch."""
-
-    def __init__(self, run: Trainer, loss: HPDLoss) -> None:
-        self.run, self.loss = run, loss
-
-    def on_epoch_begin(self, args: Any, state: TrainerState, control: Any, **kwargs: Any) -> None:
-        self.run.epoch_begins(state.global_step)
-
-    def on_step_end(self, args: Any, state: TrainerState, control: Any, **kwargs: Any) -> None:
-        if self.run.step_ended(state.global_step, *self.loss.take()):
-            control.should_training_stop = True
-
-    def on_epoch_end(self, args: Any, state: TrainerState, control: Any, **kwargs: Any) -> None:
-        self.run.epoch_ends(state.global_step)
-
-
-def fit(run: Trainer, scratch: Path) -> None:
-    """Train ``run`` from its step to its last (or an early stop); ``scratch``: a folder of this process's."""
-    import torch
-
-    params = run.params
-    view = student.as_sentence_transformer(run.model)
-    loss = HPDLoss(view, params)
-    hf = DistillSTTrainer(
+def build(
+    view: Any,
+    rows: Any,
+    loss: HPDLoss,
+    evaluator: FidelityEvaluator,
+    callbacks: list[TrainerCallback],
+    optim: Optimization,
+    args: DistillSTArguments,
+) -> DistillSTTrainer:
+    """The trainer of ``view`` (the student's ``SentenceTransformer``) on ``rows`` (a ``datasets.Dataset``) with the
+    run's loss, evaluator, callbacks and optimisation; ``args`` from :func:`arguments`."""
+    trainer = DistillSTTrainer(
         model=view,
-        args=arguments(run, scratch / "trainer"),
-        train_dataset=run.data.training_dataset(scratch / "rows"),
+        args=args,
+        train_dataset=rows,
         loss=loss,
-        callbacks=[Schedule(run, loss)],
-        optimizers=(run.optim.optimizer, run.optim.scheduler),
+        evaluator=evaluator,
+        callbacks=callbacks,
+        optimizers=(optim.optimizer, optim.scheduler),
     )
-    hf.remove_callback(PrinterCallback)  # the run logs its own progress
-    if params.threads:  # accelerate sets its own count under CPU DDP
-        torch.set_num_threads(params.threads)
-    run.scaler = hf.accelerator.scaler
-    resume = None
-    if run.state.step:
-        hf.resume_rng = run.resumed["rng"]
-        if run.scaler is not None and run.resumed["scaler"]:
-            run.scaler.load_state_dict(run.resumed["scaler"])
-        resume = resume_folder(scratch / "resume", run.state.step, run.total_steps, run.micro_batch)
-    hf.train(resume_from_checkpoint=resume)
+    trainer.remove_callback(PrinterCallback)  # the run logs its own progress
+    return trainer
 
 
-def arguments(run: Trainer, output_dir: Path) -> DistillSTArguments:
-    """The trainer's settings for ``run``: its steps, micro-batches and sampler, clipping, AMP and seed; no
-    evaluation, saving, logging or reporting of the trainer's own (the run does those)."""
-    params, world = run.params, run.dist.world
-    order = Order(run.data, params.batch_size, params.length_grouped, world, epoch_of=run.current_epoch)
+def arguments(
+    params: DistillParams,
+    plan: TrainingPlan,
+    data: TrainingData,
+    output_dir: Path,
+    epoch_of: Callable[[], int],
+    cpu: bool,
+) -> DistillSTArguments:
+    """The trainer's settings: the plan's steps, micro-batches and evaluations, the sampler (its epoch from
+    ``epoch_of``), clipping, AMP and seed; no saving, logging or reporting of the trainer's own."""
+    order = Order(data, params.batch_size, params.length_grouped, plan.world, epoch_of=epoch_of)
     return DistillSTArguments(
         output_dir=str(output_dir),
-        max_steps=run.total_steps,
-        per_device_train_batch_size=run.micro_batch,
+        run_name=params.name,
+        max_steps=plan.total_steps,
+        per_device_train_batch_size=plan.micro_batch,
         gradient_accumulation_steps=params.grad_accum,
         max_grad_norm=params.max_grad_norm,
-        bf16=run.amp == "bf16",
-        fp16=run.amp == "fp16",
-        use_cpu=run.model.device.type == "cpu",  # CPU DDP (gloo) too
+        bf16=plan.amp == "bf16",
+        fp16=plan.amp == "fp16",
+        use_cpu=cpu,  # CPU DDP (gloo) too
         seed=params.seed,
         data_seed=params.seed,
         batch_sampler=functools.partial(HPDBatchSampler, order=order),
-        eval_strategy="no",
+        eval_strategy="steps",
+        eval_steps=plan.eval_every,
         save_strategy="no",
         logging_strategy="no",
         report_to="none",

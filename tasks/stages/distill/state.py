@@ -8,8 +8,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
+from pydantic import BaseModel
 
 from tasks.stages.distill.data import Position
+from tasks.stages.distill.evaluation import Evaluation
 
 
 @dataclass
@@ -22,16 +24,15 @@ class TrainState:
     evals_since_best: int = 0
     stopped_early: bool = False
     losses: list[tuple[int, float]] = field(default_factory=list)
-    evals: list[dict] = field(default_factory=list)
+    evals: list[Evaluation] = field(default_factory=list)
 
-    def record_eval(self, result: dict[str, Any], patience: int | None, select_on: str = "val_mse") -> bool:
-        """Record a validation ``result`` (step, val_mse, maybe sts_dev); True when it is the best so far by
-        ``select_on`` (val_mse lowest, sts_dev highest). After ``patience`` evaluations without improvement
-        the run stops early."""
-        self.evals.append(result)
-        score = selection_score(result, select_on)
+    def record_eval(self, evaluation: Evaluation, patience: int | None, select_on: str = "val_mse") -> bool:
+        """Record an evaluation; True when it is the best so far by ``select_on`` (val_mse lowest, sts_dev
+        highest). After ``patience`` evaluations without improvement the run stops early."""
+        self.evals.append(evaluation)
+        score = evaluation.score(select_on)
         if score < self.best_score:
-            self.best_score, self.best_val_mse, self.best_step = score, result["val_mse"], result["step"]
+            self.best_score, self.best_val_mse, self.best_step = score, evaluation.val_mse, evaluation.step
             self.evals_since_best = 0
             return True
         self.evals_since_best += 1
@@ -41,20 +42,31 @@ class TrainState:
 
     def best_value(self, select_on: str) -> float:
         """The best evaluation's score by ``select_on`` as evaluated (its val_mse, or its sts_dev): the inverse of
-        :func:`selection_score` on :attr:`best_score`."""
+        :meth:`Evaluation.score` on :attr:`best_score`."""
         return self.best_val_mse if select_on == "val_mse" else -self.best_score
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "position": asdict(self.position)}
+        """The state as a checkpoint carries it: plain types only."""
+        return {**asdict(self), "evals": [evaluation.as_record() for evaluation in self.evals]}
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> TrainState:
-        return cls(**{**raw, "position": Position(**raw["position"]), "losses": [tuple(x) for x in raw["losses"]]})
+        """The state :meth:`to_dict` wrote, checked as it loads."""
+        return cls(**dict(_SavedState.model_validate(raw)))
 
 
-def selection_score(result: dict[str, Any], select_on: str) -> float:
-    """An evaluation ``result``'s score by ``select_on``, lower is better: val_mse, or minus sts_dev."""
-    return float(result["val_mse"] if select_on == "val_mse" else -result[select_on])
+class _SavedState(BaseModel):
+    """A checkpoint's train state: :class:`TrainState`'s fields."""
+
+    step: int
+    position: Position
+    best_score: float
+    best_val_mse: float
+    best_step: int
+    evals_since_best: int
+    stopped_early: bool
+    losses: list[tuple[int, float]]
+    evals: list[Evaluation]
 
 
 def seed_everything(seed: int) -> None:
