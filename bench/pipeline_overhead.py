@@ -33,9 +33,9 @@ def stage_seconds(store: str) -> dict[str, dict]:
 def main() -> dict:
     shutil.rmtree(WORKDIR, ignore_errors=True)
     plan = demo.DemoPlan(store=storage.to_uri(str(WORKDIR / "store")), airflow_home=WORKDIR / "airflow")
-    walls = demo.run_chain(plan)
+    walls = plan.run_chain()
     stages = stage_seconds(plan.store)
-    rerun = demo.run_chain(plan)
+    rerun = plan.run_chain()
     dag_wall = round(sum(v for k, v in walls.items() if k.startswith("hpd_")), 2)
     compute = round(sum(s["seconds"] for s in stages.values()), 2)
     return results.write(

@@ -29,6 +29,7 @@ from pydantic.fields import FieldInfo
 from tasks.core import config
 from tasks.core.catalog import RUN_NAME_PATTERN, Stage
 from tasks.core.uris import StorageError, to_uri
+from tasks.ml.hits import Hit
 from tasks.stages import registry
 
 HELP = {
@@ -44,6 +45,8 @@ HELP = {
     Stage.GC: "delete store objects no manifest, pointer or live checkpoint references, once past the retention",
 }
 MAX_HITS = 1000
+# What a stage command's options hold beside its parameters: how to run it, not what it computes.
+_RUN_OPTIONS = ("command", "force", "quiet", "table")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 DEMO_DEFAULTS = {
     "airflow_home": "var/airflow",
@@ -115,6 +118,7 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="no progress bars, even on a terminal (progress is logged at intervals)",
         )
+        stage_parser.set_defaults(table=False)  # only drift offers --table
     sub.choices[command_name(Stage.DRIFT)].add_argument(
         "--table", action="store_true", help="print the comparison as a table instead of the JSON summary"
     )
@@ -269,30 +273,30 @@ def _bounded(low: int, high: int) -> typing.Callable[[str], int]:
     return parse
 
 
-def _store(args: dict) -> str:
+def _store(args: argparse.Namespace) -> str:
     """The ``--store`` option as a URI, else ``$HPD_STORE`` / ``./var/store``."""
     try:
-        return to_uri(args["store"]) if args["store"] else config.default_store()
+        return to_uri(args.store) if args.store else config.default_store()
     except StorageError as exc:
         raise config.ConfigError(f"--store: {exc}") from None
 
 
-def _demo(args: dict) -> int:
+def _demo(args: argparse.Namespace) -> int:
     from tasks import demo
     from tasks.ml import vector_index
 
     store = _store(args)
     plan = demo.DemoPlan(
         store=store,
-        airflow_home=Path(args["airflow_home"]).resolve(),
-        dags_folder=Path(args["dags_folder"]).resolve(),
-        source=Path(args["source"]).resolve(),
-        day=args["date"],
-        rows=args["rows"],
+        airflow_home=Path(args.airflow_home).resolve(),
+        dags_folder=Path(args.dags_folder).resolve(),
+        source=Path(args.source).resolve(),
+        day=args.date,
+        rows=args.rows,
     )
     start = time.perf_counter()
     try:
-        demo.run_chain(plan)
+        plan.run_chain()
         where = demo.locations(store)
     except (demo.DemoError, ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
@@ -300,104 +304,104 @@ def _demo(args: dict) -> int:
     print(f"\nThe DAG chain finished in {time.perf_counter() - start:.0f} s.")
     for name, uri in where.items():
         print(f"{name + ':':<40}{uri}")
-    print(f"\nhpd search {args['query']!r}:")
-    for hit in vector_index.search(store, args["query"], 3):
-        print(f"{hit['rank']:>3}  {hit['score']:.4f}  {hit['text']}")
+    print(f"\nhpd search {args.query!r}:")
+    for hit in vector_index.search(store, args.query, 3):
+        print(hit.line())
     return 0
 
 
-def _search(args: dict) -> int:
+def _search(args: argparse.Namespace) -> int:
     from tasks.serve import client
 
     store = _store(args)
-    answered = None if args["local"] else client.search(store, args["query"], args["k"])
+    answered = None if args.local else client.search(store, args.query, args.k)
     try:
-        hits = answered["hits"] if answered else _search_here(store, args["query"], args["k"])
+        hits = answered.hits if answered else _search_here(store, args.query, args.k)
     except (ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
     for hit in hits:
-        print(f"{hit['rank']:>3}  {hit['score']:.4f}  {hit['text']}")
+        print(hit.line())
     return 0
 
 
-def _serve(args: dict) -> int:
+def _serve(args: argparse.Namespace) -> int:
     from tasks.serve import app
 
     app.serve(
         _store(args),
-        host=args["host"],
-        port=args["port"],
-        poll_s=args["poll_s"],
-        query_encoder=args["query_encoder"],
-        search_threads=args["search_threads"],
-        access_log=args["access_log"],
+        host=args.host,
+        port=args.port,
+        poll_s=args.poll_s,
+        query_encoder=args.query_encoder,
+        search_threads=args.search_threads,
+        access_log=args.access_log,
     )
     return 0
 
 
-def _search_here(store: str, query: str, k: int) -> list[dict]:
+def _search_here(store: str, query: str, k: int) -> list[Hit]:
     from tasks.ml import vector_index  # imported only here: an answer from the service needs no torch
 
     return vector_index.search(store, query, k)
 
 
-def _lineage(args: dict) -> int:
+def _lineage(args: argparse.Namespace) -> int:
     from tasks.core import lineage
 
     store = _store(args)
-    if args["target"] and args["impacted"]:
+    if args.target and args.impacted:
         raise config.ConfigError("give a TARGET or --impacted PARTITION_OR_SOURCE, not both")
     try:
-        if args["impacted"]:
-            runs = lineage.impacted(store, args["impacted"])
-            record: Any = {"impacted": args["impacted"], "runs": [run.to_dict() for run in runs]}
+        if args.impacted:
+            runs = lineage.impacted(store, args.impacted)
+            record: Any = {"impacted": args.impacted, "runs": [run.to_dict() for run in runs]}
             text = lineage.render_impacted(store, runs)
         else:
-            traced = lineage.trace(store, args["target"] or lineage.Pointer.INDEX)
-            record, text = traced.to_dict(), lineage.render(traced)
+            traced = lineage.trace(store, args.target or lineage.Pointer.INDEX)
+            record, text = traced.to_dict(), traced.render()
     except (ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(record, indent=2) if args["json"] else text)
+    print(json.dumps(record, indent=2) if args.json else text)
     return 0
 
 
-def _runs(args: dict) -> int:
+def _runs(args: argparse.Namespace) -> int:
     from tasks.core import runs
 
     store = _store(args)
     try:
-        if args["action"] == "compare":
-            comparison = runs.compare(store, args["a"], args["b"])
+        if args.action == "compare":
+            comparison = runs.compare(store, args.a, args.b)
             record: Any = comparison.to_dict()
-            text = runs.render_comparison(comparison)
+            text = comparison.render()
         else:
             found = runs.list_runs(store)
             record, text = [run.to_dict() for run in found], runs.render_list(found)
     except (ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
-    print(json.dumps(record, indent=2) if args["json"] else text)
+    print(json.dumps(record, indent=2) if args.json else text)
     return 0
 
 
-def _run_stage(stage: Stage, args: dict) -> int:
-    force, quiet, table = args.pop("force"), args.pop("quiet"), args.pop("table", False)
+def _run_stage(stage: Stage, args: argparse.Namespace) -> int:
+    values = {name: value for name, value in vars(args).items() if name not in _RUN_OPTIONS}
     try:
-        params = config.parse(registry.STAGES[stage], args)
+        params = config.parse(registry.STAGES[stage], values)
     except config.ConfigError as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 2
     module = registry.module(stage)
-    bars = not quiet and sys.stderr.isatty()
+    bars = not args.quiet and sys.stderr.isatty()
     try:
         with _bars_and_logs() if bars else contextlib.nullcontext():
-            result = module.run(params, force=force, progress=bars)
+            result = module.run(params, force=args.force, progress=bars)
     except (ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1
-    if table:
+    if args.table:
         print(module.render(result.manifest.key, result.stats))
         return 0
     summary = {
@@ -427,8 +431,8 @@ def _bars_and_logs() -> contextlib.AbstractContextManager[None]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     configure_logging()
-    args = vars(build_parser().parse_args(argv))
-    command = args.pop("command")
+    args = build_parser().parse_args(argv)
+    command = args.command
     try:
         if command == "search":
             return _search(args)

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -78,22 +79,40 @@ class DemoPlan:
         }
         return {dag: {**conf, **self.extra_conf.get(dag, {})} for dag, conf in confs.items()}
 
+    def airflow_env(self) -> dict[str, str]:
+        """A standalone Airflow for the demo: its own home and SQLite database, the repo's DAG folder, the stage
+        tasks' OpenLineage extractor (silent until a transport is set)."""
+        from tasks.orchestration import openlineage
 
-def airflow_env(plan: DemoPlan) -> dict[str, str]:
-    """A standalone Airflow for the demo: its own home and SQLite database, the repo's DAG folder, the stage
-    tasks' OpenLineage extractor (silent until a transport is set)."""
-    from tasks.orchestration import openlineage
+        return {
+            **os.environ,
+            "AIRFLOW_HOME": str(self.airflow_home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__OPENLINEAGE__EXTRACTORS": openlineage.EXTRACTOR,
+            "HPD_STORE": self.store,
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+        }
 
-    return {
-        **os.environ,
-        "AIRFLOW_HOME": str(plan.airflow_home),
-        "AIRFLOW__CORE__DAGS_FOLDER": str(plan.dags_folder),
-        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-        "AIRFLOW__OPENLINEAGE__EXTRACTORS": openlineage.EXTRACTOR,
-        "HPD_STORE": plan.store,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-    }
+    def run_chain(self, echo: Callable[..., None] = print) -> dict[str, float]:
+        """Migrate the metadata database, then ``airflow dags test`` each DAG; the wall seconds of each step."""
+        for needed in (self.dags_folder / "hpd_ingest.py", self.source):
+            if not needed.is_file():
+                hint = "run the demo from the checkout, or pass --dags-folder / --source"
+                raise DemoError(f"{needed}: not found; {hint}")
+        env = self.airflow_env()
+        self.airflow_home.mkdir(parents=True, exist_ok=True)
+        start = time.perf_counter()
+        _airflow(["db", "migrate"], env)
+        walls = {"airflow db migrate": round(time.perf_counter() - start, 2)}
+        for dag_id, conf in self.confs().items():
+            echo(f"airflow dags test {dag_id} {self.day} ...", flush=True)
+            start = time.perf_counter()
+            _airflow(["dags", "test", dag_id, self.day.isoformat(), "--conf", json.dumps(conf)], env)
+            walls[dag_id] = round(time.perf_counter() - start, 2)
+            echo(f"  done in {walls[dag_id]:.0f} s", flush=True)
+        return walls
 
 
 def _airflow(args: list[str], env: dict[str, str]) -> None:
@@ -101,26 +120,6 @@ def _airflow(args: list[str], env: dict[str, str]) -> None:
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if done.returncode:
         raise DemoError(f"`airflow {' '.join(args[:3])}` failed (exit {done.returncode}):\n{done.stdout[-4000:]}")
-
-
-def run_chain(plan: DemoPlan, echo=print) -> dict[str, float]:
-    """Migrate the metadata database, then ``airflow dags test`` each DAG; the wall seconds of each step."""
-    for needed in (plan.dags_folder / "hpd_ingest.py", plan.source):
-        if not needed.is_file():
-            raise DemoError(f"{needed}: not found; run the demo from the checkout, or pass --dags-folder / --source")
-    env = airflow_env(plan)
-    plan.airflow_home.mkdir(parents=True, exist_ok=True)
-    walls: dict[str, float] = {}
-    start = time.perf_counter()
-    _airflow(["db", "migrate"], env)
-    walls["airflow db migrate"] = round(time.perf_counter() - start, 2)
-    for dag_id, conf in plan.confs().items():
-        echo(f"airflow dags test {dag_id} {plan.day} ...", flush=True)
-        start = time.perf_counter()
-        _airflow(["dags", "test", dag_id, plan.day.isoformat(), "--conf", json.dumps(conf)], env)
-        walls[dag_id] = round(time.perf_counter() - start, 2)
-        echo(f"  done in {walls[dag_id]:.0f} s", flush=True)
-    return walls
 
 
 def locations(store: str) -> dict[str, str]:

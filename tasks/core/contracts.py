@@ -6,12 +6,12 @@ refused with a :class:`ContractError` naming the column, so nothing is written.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
 import pyarrow as pa
+from pydantic import TypeAdapter
 
 META_CONTRACT = b"hpd.contract"
 META_VERSION = b"hpd.contract_version"
@@ -135,22 +135,11 @@ def load(name: str) -> Contract:
     path = resources.files("schemas").joinpath("datasets", f"{name}.json")
     if not path.is_file():
         raise ContractError(f"no data contract named {name!r}")
-    spec = json.loads(path.read_text())
-    fields = tuple(
-        Field(
-            f["name"],
-            f["type"],
-            f["nullable"],
-            tuple(f.get("value_types", ())),
-            f.get("description", ""),
-            bool(f.get("dictionary", False)),
-        )
-        for f in spec["fields"]
-    )
-    for field in fields:
+    contract = TypeAdapter(Contract).validate_json(path.read_text())
+    for field in contract.fields:
         if field.type != "embedding" and field.type not in _SCALAR_TYPES:
             raise ContractError(f"contract {name}: unknown type {field.type!r} for {field.name}")
-    return Contract(spec["name"], int(spec["version"]), fields, spec.get("description", ""))
+    return contract
 
 
 def identify(schema: pa.Schema) -> tuple[str, int] | None:

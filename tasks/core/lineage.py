@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 from datetime import date
 from typing import Any
 
+from pydantic import TypeAdapter
+
 from tasks.core import catalog, manifest, storage
 from tasks.core.catalog import Pointer, Stage
 
@@ -100,6 +102,36 @@ class StoreGraph:
         """``uri`` as the store names it (its store-relative key), or the URI of what lies outside it."""
         return catalog.store_key(self.store, uri) or uri
 
+    def seeds(self, what: str) -> tuple[list[str], list[str]]:
+        """The runs that staged the partition ``what`` (``ingest_date=D`` or ``D``) and no URI; or no run and
+        the URI of the source or object ``what`` names (URI, local path or store-relative key)."""
+        if match := _DATE.fullmatch(what):
+            try:
+                key = catalog.partition_key(date.fromisoformat(match.group(1)))
+            except ValueError:
+                raise LineageError(f"{what!r}: not a partition (ingest_date=YYYY-MM-DD)") from None
+            runs = [catalog.manifest_uri(self.store, stage, key) for stage in catalog.SENTENCE_WRITERS]
+            runs = [run for run in runs if run in self.manifests]
+            if not runs:
+                raise LineageError(f"no partition {key} is staged in the store {self.store}")
+            return runs, []
+        uri = _target_uri(self.store, what)
+        if uri not in self.consumers and uri not in self.producers:
+            raise LineageError(f"{uri}: no manifest in the store {self.store} lists it")
+        return [], [uri]
+
+    def downstream(self, runs: list[str], uris: list[str]) -> set[str]:
+        """``runs`` and every run that read, directly or not, one of ``uris`` or an output of those runs."""
+        found: set[str] = set()
+        pending, fresh = list(uris), list(runs)
+        while fresh or pending:
+            for run in fresh:
+                if run not in found:
+                    found.add(run)
+                    pending += [run, *(o.uri for o in self.manifests[run].outputs)]
+            fresh = self.consumers.get(pending.pop(), []) if pending else []
+        return found
+
 
 @dataclass(frozen=True)
 class Node:
@@ -119,10 +151,6 @@ class Node:
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "children": [child.to_dict() for child in self.children]}
-
-    @classmethod
-    def from_dict(cls, record: dict[str, Any]) -> Node:
-        return cls(**{**record, "children": tuple(cls.from_dict(c) for c in record["children"])})
 
     def walk(self) -> Iterator[Node]:
         yield self
@@ -157,9 +185,35 @@ class Lineage:
             "root": self.root.to_dict(),
         }
 
+    def line(self, node: Node) -> str:
+        """``stage key`` for a run, the key (or outside URI) for an object; the short checksum and its status."""
+        checksum = ("fingerprint " if node.kind == "manifest" else "") + (node.sha256 or "")[:_SHORT]
+        check = f"  {checksum} {node.status}" if node.status else ""
+        if node.kind == "manifest":
+            return f"{node.stage} {node.key}{check}" + ("  (see above)" if node.seen else "")
+        name = catalog.store_key(self.store, node.uri) or node.uri
+        gap = "  (no manifest lists it as an output)" if node.kind == "object" and not node.children else ""
+        return f"{name}{check}{gap}"
+
+    def render(self) -> str:
+        """The lineage as an indented tree (``stage key`` for runs, each object with its short sha256)."""
+        lines: list[str] = []
+
+        def add(node: Node, depth: int) -> None:
+            lines.append("  " * depth + self.line(node))
+            for child in node.children:
+                add(child, depth + 1)
+
+        add(self.root, 0)
+        lines.append(f"partitions: {', '.join(self.partitions) or '(none)'}")
+        for uri, status in self.sources.items():
+            lines.append(f"source: {uri} ({status}{', it is gone' if status == UNAVAILABLE else ''})")
+        return "\n".join(lines)
+
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Lineage:
-        return cls(record["store"], record["target"], Node.from_dict(record["root"]))
+        """The lineage :meth:`to_dict` gave (its partitions and sources follow from the tree)."""
+        return TypeAdapter(cls).validate_python(record)
 
 
 class _Walk:
@@ -217,27 +271,28 @@ class _Walk:
         self.check(uri, recorded.sha256, producer, outside=False)
         return Node("object", uri, recorded.sha256, VERIFIED, children=(self.run(producer),))
 
+    def pointer(self, pointer: Pointer) -> Node:
+        """A pointer's objects (each checked against the manifest that lists it) and the runs behind them."""
+        store, uri = self.graph.store, catalog.pointer_uri(self.graph.store, pointer)
+        if pointer is Pointer.INDEX:
+            index, _ = catalog.read_pointer(store, Pointer.INDEX)
+            named: tuple[Node, ...] = () if index is None else (self.output(index.index), self.output(index.ids))
+        else:
+            model, _ = catalog.read_pointer(store, Pointer.MODEL)
+            runs = (
+                () if model is None else (model.validation, catalog.manifest_uri(store, Stage.DISTILL, model.model_run))
+            )
+            named = tuple(self.run(run) for run in runs)
+        if not named:
+            raise LineageError(f"{uri}: nothing is promoted (no pointer)")
+        return Node("pointer", uri, children=named)
+
 
 def _target_uri(store: str, target: str) -> str:
     """A target given as a URI, a local path or a store-relative key, as a URI."""
     if "://" in target or target.startswith("/"):
         return storage.to_uri(target)
     return catalog.resolve(store, target)
-
-
-def _pointer(walk: _Walk, pointer: Pointer) -> Node:
-    """A pointer's objects (each checked against the manifest that lists it) and the runs behind them."""
-    store, uri = walk.graph.store, catalog.pointer_uri(walk.graph.store, pointer)
-    if pointer is Pointer.INDEX:
-        index, _ = catalog.read_pointer(store, Pointer.INDEX)
-        named: tuple[Node, ...] = () if index is None else (walk.output(index.index), walk.output(index.ids))
-    else:
-        model, _ = catalog.read_pointer(store, Pointer.MODEL)
-        runs = () if model is None else (model.validation, catalog.manifest_uri(store, Stage.DISTILL, model.model_run))
-        named = tuple(walk.run(run) for run in runs)
-    if not named:
-        raise LineageError(f"{uri}: nothing is promoted (no pointer)")
-    return Node("pointer", uri, children=named)
 
 
 def trace(store: str, target: str) -> Lineage:
@@ -249,7 +304,7 @@ def trace(store: str, target: str) -> Lineage:
     graph = walk.graph
     uri = _target_uri(graph.store, target)
     if any(uri == catalog.pointer_uri(graph.store, p) for p in Pointer):
-        root = _pointer(walk, Pointer(graph.key(uri)))
+        root = walk.pointer(Pointer(graph.key(uri)))
     elif (
         re.fullmatch(catalog.RUN_NAME_PATTERN, target)
         and (run := catalog.manifest_uri(graph.store, Stage.DISTILL, target)) in graph.manifests
@@ -279,26 +334,7 @@ class Impacted:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Impacted:
-        return cls(**{**record, "outputs": tuple(record["outputs"]), "promoted": tuple(record["promoted"])})
-
-
-def _seeds(graph: StoreGraph, what: str) -> tuple[list[str], list[str]]:
-    """The runs that staged the partition ``what`` (``ingest_date=D`` or ``D``) and no URI; or no run and
-    the URI of the source or object ``what`` names (URI, local path or store-relative key)."""
-    if match := _DATE.fullmatch(what):
-        try:
-            key = catalog.partition_key(date.fromisoformat(match.group(1)))
-        except ValueError:
-            raise LineageError(f"{what!r}: not a partition (ingest_date=YYYY-MM-DD)") from None
-        runs = [catalog.manifest_uri(graph.store, stage, key) for stage in catalog.SENTENCE_WRITERS]
-        runs = [run for run in runs if run in graph.manifests]
-        if not runs:
-            raise LineageError(f"no partition {key} is staged in the store {graph.store}")
-        return runs, []
-    uri = _target_uri(graph.store, what)
-    if uri not in graph.consumers and uri not in graph.producers:
-        raise LineageError(f"{uri}: no manifest in the store {graph.store} lists it")
-    return [], [uri]
+        return TypeAdapter(cls).validate_python(record)
 
 
 def _promoted_by(store: str) -> dict[str, list[str]]:
@@ -315,25 +351,12 @@ def _promoted_by(store: str) -> dict[str, list[str]]:
     return named
 
 
-def _downstream(graph: StoreGraph, runs: list[str], uris: list[str]) -> set[str]:
-    """``runs`` and every run that read, directly or not, one of ``uris`` or an output of those runs."""
-    found: set[str] = set()
-    pending, fresh = list(uris), list(runs)
-    while fresh or pending:
-        for run in fresh:
-            if run not in found:
-                found.add(run)
-                pending += [run, *(o.uri for o in graph.manifests[run].outputs)]
-        fresh = graph.consumers.get(pending.pop(), []) if pending else []
-    return found
-
-
 def impacted(store: str, what: str) -> list[Impacted]:
     """Every stage run downstream of the partition or source ``what`` (the runs that staged a partition
     included), in pipeline order, each with its outputs and whether it is promoted: what to recall."""
     graph = StoreGraph.read(store)
-    runs, uris = _seeds(graph, what)
-    found = [(uri, graph.manifests[uri]) for uri in _downstream(graph, runs, uris)]
+    runs, uris = graph.seeds(what)
+    found = [(uri, graph.manifests[uri]) for uri in graph.downstream(runs, uris)]
     found.sort(key=lambda item: (list(Stage).index(Stage(item[1].stage)), item[1].key))
     promoted = _promoted_by(graph.store)
     return [
@@ -356,28 +379,3 @@ def render_impacted(store: str, runs: list[Impacted]) -> str:
 
 
 # -- rendering ----------------------------------------------------------------------------------------------
-def _line(lineage: Lineage, node: Node) -> str:
-    """``stage key`` for a run, the key (or outside URI) for an object; the short checksum and its status."""
-    checksum = ("fingerprint " if node.kind == "manifest" else "") + (node.sha256 or "")[:_SHORT]
-    check = f"  {checksum} {node.status}" if node.status else ""
-    if node.kind == "manifest":
-        return f"{node.stage} {node.key}{check}" + ("  (see above)" if node.seen else "")
-    name = catalog.store_key(lineage.store, node.uri) or node.uri
-    gap = "  (no manifest lists it as an output)" if node.kind == "object" and not node.children else ""
-    return f"{name}{check}{gap}"
-
-
-def render(lineage: Lineage) -> str:
-    """The lineage as an indented tree (``stage key`` for runs, each object with its short sha256)."""
-    lines: list[str] = []
-
-    def add(node: Node, depth: int) -> None:
-        lines.append("  " * depth + _line(lineage, node))
-        for child in node.children:
-            add(child, depth + 1)
-
-    add(lineage.root, 0)
-    lines.append(f"partitions: {', '.join(lineage.partitions) or '(none)'}")
-    for uri, status in lineage.sources.items():
-        lines.append(f"source: {uri} ({status}{', it is gone' if status == UNAVAILABLE else ''})")
-    return "\n".join(lines)

@@ -35,6 +35,7 @@ from typing import Any
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 from tasks.core import manifest, storage
 from tasks.core.catalog import Stage
@@ -46,7 +47,64 @@ BUCKETS = tuple("0123456789abcdef")
 SCHEMA = {"sentence_id": pl.Binary, "partition": pl.Categorical}
 _IDS_SCHEMA = pa.schema([("sentence_id", pa.binary(16)), ("partition", pa.dictionary(pa.int32(), pa.string()))])
 _READERS = 4  # manifests or shards read at a time: reading and verifying release the GIL
-Entry = dict[str, Any]
+
+
+class PartitionEntry(BaseModel):
+    """A staged partition in ``index.json``: a digest of the shard checksums its manifest listed, the segment
+    holding its ids (None in memory: its ids are to be re-read from its shards) and the version of its
+    manifest a listing last saw (recorded once a run read that manifest, null when the listing showed none)."""
+
+    model_config = ConfigDict(frozen=True, strict=True)
+
+    digest: str
+    segment: str | None = None
+    manifest: str | None = None
+
+
+class SegmentEntry(BaseModel):
+    """A segment in ``index.json``: its sha256, row count, the bucket of each row group, and the partitions
+    whose ids it holds."""
+
+    model_config = ConfigDict(frozen=True, strict=True)
+
+    sha256: str
+    rows: int
+    row_groups: list[str]
+    partitions: list[str]
+
+    @field_validator("row_groups")
+    @classmethod
+    def _buckets(cls, row_groups: list[str]) -> list[str]:
+        if not set(row_groups) <= set(BUCKETS):
+            raise ValueError(f"row groups {row_groups} are not all buckets")
+        return row_groups
+
+
+class Document(BaseModel):
+    """``index.json``: the segments (by key, inside the index's folder) and each partition's entry, whose
+    segment it lists. One that is not valid counts as none (the index is rebuilt)."""
+
+    model_config = ConfigDict(frozen=True, strict=True)
+
+    version: int
+    partitions: dict[str, PartitionEntry]
+    segments: dict[str, SegmentEntry]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Document:
+        if self.version != VERSION:
+            raise ValueError(f"version {self.version}, not {VERSION}")
+        for name in self.segments:
+            if not name.startswith(f"{FOLDER}/") or ".." in name or storage.hidden(name):
+                raise ValueError(f"segment {name!r} lies outside {FOLDER}/")
+        for key, entry in self.partitions.items():
+            if entry.segment not in self.segments:
+                raise ValueError(f"partition {key} names the segment {entry.segment!r}, which is not listed")
+        return self
+
+    def to_json(self) -> bytes:
+        """The document as written: a partition entry holds only the fields it was given."""
+        return json.dumps(self.model_dump(exclude_unset=True), indent=1, sort_keys=True).encode()
 
 
 @dataclass(frozen=True)
@@ -55,7 +113,7 @@ class Segment:
     partitions whose ids in it count. Its columns are decoded once, when first asked for: the partition
     column only when some of its ids do not count or every row is rewritten (a compaction)."""
 
-    entry: Entry
+    entry: SegmentEntry
     file: pq.ParquetFile
     spans: dict[str, tuple[int, int]]
     partitions: frozenset[str]
@@ -64,8 +122,8 @@ class Segment:
     def ids(self, bucket: str) -> pl.Series:
         """The ids of ``bucket`` that count."""
         if self._every_row_counts():
-            return self._frame(labelled=False)["sentence_id"].slice(*self.spans.get(bucket, (0, 0)))
-        return self.rows(bucket)["sentence_id"]
+            return self._frame(labelled=False).get_column("sentence_id").slice(*self.spans.get(bucket, (0, 0)))
+        return self.rows(bucket).get_column("sentence_id")
 
     def rows(self, bucket: str) -> pl.DataFrame:
         """The ids of ``bucket`` that count, and their partition."""
@@ -75,7 +133,7 @@ class Segment:
         return rows.filter(pl.col("partition").is_in(list(self.partitions)))
 
     def _every_row_counts(self) -> bool:
-        return self.partitions.issuperset(self.entry["partitions"])
+        return self.partitions.issuperset(self.entry.partitions)
 
     def _frame(self, labelled: bool) -> pl.DataFrame:
         if labelled not in self._decoded:
@@ -90,7 +148,7 @@ class Index:
     staged; the recorded segments holding the ids that count; the ids of partitions re-read from their
     shards (written into the next segment); the etag of the ``index.json`` read (None: there was none)."""
 
-    partitions: dict[str, Entry]
+    partitions: dict[str, PartitionEntry]
     segments: dict[str, Segment]
     repaired: pl.DataFrame
     etag: str | None
@@ -99,7 +157,7 @@ class Index:
         """The ids of ``bucket`` (raw bytes) that count: those of the staged partitions but the one being
         staged."""
         ids = [segment.ids(bucket) for segment in self.segments.values()]
-        return pl.concat([*ids, self.repaired_rows(bucket)["sentence_id"]])
+        return pl.concat([*ids, self.repaired_rows(bucket).get_column("sentence_id")])
 
     def rows(self, bucket: str) -> pl.DataFrame:
         """:meth:`ids`, with the partition holding each."""
@@ -141,14 +199,14 @@ def load(store: str, exclude_key: str) -> Index:
     ``exclude_key`` (the one being staged: its manifest is not read, it may be the corrupt one a forced run
     replaces; neither do its recorded ids count, :func:`record` replaces them)."""
     document, etag = _read_document(store)
-    recorded: dict[str, Entry] = document["partitions"] if document else {}
-    entries: dict[str, Entry] = document["segments"] if document else {}
+    recorded = document.partitions if document else {}
+    entries = document.segments if document else {}
     partitions, read_now = _reconciled(store, recorded, exclude_key)
-    stale = sorted(key for key, entry in partitions.items() if "segment" not in entry)
+    stale = sorted(key for key, entry in partitions.items() if entry.segment is None)
     holding: dict[str, set[str]] = {}  # segment -> the partitions whose ids in it count
     for key, entry in partitions.items():
-        if "segment" in entry:
-            holding.setdefault(entry["segment"], set()).add(key)
+        if entry.segment is not None:
+            holding.setdefault(entry.segment, set()).add(key)
     with ThreadPoolExecutor(_READERS) as pool:
         repaired = list(pool.map(lambda key: _partition_ids(key, read_now[key]), stale))
         read = pool.map(lambda name: _read_segment(store, name, entries[name], holding[name]), holding)
@@ -166,19 +224,19 @@ def record(store: str, index: Index, key: str, published: manifest.Manifest, ids
         fresh = pl.DataFrame({"sentence_id": ids(bucket)}).with_columns(partition=pl.lit(key, pl.Categorical))
         return pl.concat([index.rows(bucket) if compact else index.repaired_rows(bucket), fresh])
 
-    moved = index.partitions.keys() if compact else {k for k, e in index.partitions.items() if "segment" not in e}
+    moved = index.partitions.keys() if compact else {k for k, e in index.partitions.items() if e.segment is None}
     name, segment = _write_segment(store, rows, sorted({key, *moved}))
-    partitions = index.partitions | {k: {**index.partitions[k], "segment": name} for k in moved}
-    partitions[key] = {"digest": outputs_digest(published), "segment": name}
-    live = {entry["segment"] for entry in partitions.values()}
+    partitions = index.partitions | {k: index.partitions[k].model_copy(update={"segment": name}) for k in moved}
+    partitions[key] = PartitionEntry(digest=outputs_digest(published), segment=name)
+    live = {entry.segment for entry in partitions.values()}
     segments = {n: s.entry for n, s in index.segments.items() if n in live} | {name: segment}
-    body = json.dumps({"version": VERSION, "partitions": partitions, "segments": segments}, indent=1, sort_keys=True)
-    storage.compare_and_swap(index_uri(store), body.encode(), index.etag)
+    document = Document(version=VERSION, partitions=partitions, segments=segments)
+    storage.compare_and_swap(index_uri(store), document.to_json(), index.etag)
 
 
 def _reconciled(
-    store: str, recorded: dict[str, Entry], exclude_key: str
-) -> tuple[dict[str, Entry], dict[str, manifest.Manifest]]:
+    store: str, recorded: dict[str, PartitionEntry], exclude_key: str
+) -> tuple[dict[str, PartitionEntry], dict[str, manifest.Manifest]]:
     """The entry of every partition with a published manifest but ``exclude_key``: as recorded when its
     manifest's version is the one recorded, else from the manifest (read), without a segment when the
     manifest lists other shards than the index recorded (its ids are to be re-read); and the manifests
@@ -186,16 +244,18 @@ def _reconciled(
     listed = manifest.list_versions(store, Stage.STAGE_CORPUS)
     listed.pop(exclude_key, None)
     changed = sorted(
-        key for key, seen in listed.items() if seen is None or recorded.get(key, {}).get("manifest") != seen
+        key for key, seen in listed.items() if seen is None or (e := recorded.get(key)) is None or e.manifest != seen
     )
     entries = {key: recorded[key] for key in listed.keys() - set(changed)}
     with ThreadPoolExecutor(_READERS) as pool:
         found = zip(changed, pool.map(lambda k: manifest.read(store, Stage.STAGE_CORPUS, k), changed), strict=True)
         read = {key: published for key, published in found if published is not None}
     for key, published in read.items():
-        entry = {"digest": outputs_digest(published), "manifest": listed[key]}
-        same = recorded.get(key, {}).get("digest") == entry["digest"]
-        entries[key] = {**recorded[key], **entry} if same else entry
+        entry = PartitionEntry(digest=outputs_digest(published), manifest=listed[key])
+        before = recorded.get(key)
+        if before is not None and before.digest == entry.digest:
+            entry = before.model_copy(update={"manifest": entry.manifest})
+        entries[key] = entry
     return entries, read
 
 
@@ -204,57 +264,34 @@ def live(store: str) -> set[str]:
     document, _ = _read_document(store)
     if document is None:
         return set()
-    return {index_uri(store)} | {storage.join(store, name) for name in document["segments"]}
+    return {index_uri(store)} | {storage.join(store, name) for name in document.segments}
 
 
-def _read_document(store: str) -> tuple[dict[str, Any] | None, str | None]:
+def _read_document(store: str) -> tuple[Document | None, str | None]:
     """``index.json`` and its etag; a document that is not a valid index counts as none (it is rebuilt)."""
     try:
-        document, etag = storage.read_json_versioned(index_uri(store))
+        found, etag = storage.read_json_versioned(index_uri(store))
     except ValueError:  # not JSON, or not UTF-8
         return None, storage.head(index_uri(store)).etag
-    return (document if _well_formed(document) else None), etag
+    try:
+        return Document.model_validate(found), etag
+    except ValidationError:
+        return None, etag
 
 
-def _well_formed(document: Any) -> bool:
-    if not isinstance(document, dict) or document.get("version") != VERSION:
-        return False
-    partitions, segments = document.get("partitions"), document.get("segments")
-    if not isinstance(partitions, dict) or not isinstance(segments, dict):
-        return False
-    return all(_well_formed_segment(name, entry) for name, entry in segments.items()) and all(
-        isinstance(e, dict) and isinstance(e.get("digest"), str) and e.get("segment") in segments
-        for e in partitions.values()
-    )
-
-
-def _well_formed_segment(name: str, entry: Any) -> bool:
-    """A segment's key inside the index's folder, and its sha256, row count, row groups and partitions."""
-    if (
-        not isinstance(entry, dict)
-        or not isinstance(entry.get("sha256"), str)
-        or not isinstance(entry.get("rows"), int)
-    ):
-        return False
-    inside = name.startswith(f"{FOLDER}/") and ".." not in name and not storage.hidden(name)
-    row_groups, partitions = entry.get("row_groups"), entry.get("partitions")
-    listed = isinstance(partitions, list) and all(isinstance(p, str) for p in partitions)
-    return inside and listed and isinstance(row_groups, list) and set(row_groups) <= set(BUCKETS)
-
-
-def _read_segment(store: str, name: str, entry: Entry, partitions: set[str]) -> Segment:
+def _read_segment(store: str, name: str, entry: SegmentEntry, partitions: set[str]) -> Segment:
     """The segment ``name`` (read whole, verified), for the rows of ``partitions``."""
     uri = storage.join(store, name)
     try:
-        ids = pq.ParquetFile(pa.BufferReader(storage.read_bytes(uri, sha256=entry["sha256"])))
+        ids = pq.ParquetFile(pa.BufferReader(storage.read_bytes(uri, sha256=entry.sha256)))
     except pa.ArrowException as exc:
         raise storage.StorageError(uri, f"cannot read Parquet: {exc}") from exc
     shape = (ids.metadata.num_rows, ids.metadata.num_row_groups, ids.schema_arrow)
-    if shape != (entry["rows"], len(entry["row_groups"]), _IDS_SCHEMA):
+    if shape != (entry.rows, len(entry.row_groups), _IDS_SCHEMA):
         found = f"{shape[0]} rows in {shape[1]} row groups of ({', '.join(map(str, shape[2].types))})"
         raise storage.StorageError(uri, f"holds {found}, not what {index_uri(store)} records")
     spans, start = {}, 0
-    for group, bucket in enumerate(entry["row_groups"]):
+    for group, bucket in enumerate(entry.row_groups):
         rows = ids.metadata.row_group(group).num_rows
         spans[bucket], start = (start, rows), start + rows
     return Segment(entry, ids, spans, frozenset(partitions))
@@ -273,7 +310,7 @@ def _partition_ids(key: str, published: manifest.Manifest) -> pl.DataFrame:
     )
 
 
-def _write_segment(store: str, rows: Callable[[str], pl.DataFrame], partitions: list[str]) -> tuple[str, Entry]:
+def _write_segment(store: str, rows: Callable[[str], pl.DataFrame], partitions: list[str]) -> tuple[str, SegmentEntry]:
     """A segment of ``rows(bucket)`` for every bucket (the ids of ``partitions``), written through a local file
     a bucket at a time, as a content-addressed object: its key, and its entry (sha256, row count, the bucket
     of each row group, the partitions)."""
@@ -292,4 +329,4 @@ def _write_segment(store: str, rows: Callable[[str], pl.DataFrame], partitions: 
         spooled.seek(0)
         name = f"{FOLDER}/ids-{digest[:16]}.parquet"
         storage.write_bytes(storage.join(store, name), spooled)
-    return name, {"sha256": digest, "rows": count, "row_groups": written, "partitions": partitions}
+    return name, SegmentEntry(sha256=digest, rows=count, row_groups=written, partitions=partitions)

@@ -24,6 +24,7 @@ import numpy as np
 from tasks.core import catalog, manifest, storage, uris
 from tasks.core.catalog import Pointer
 from tasks.ml import student
+from tasks.ml.hits import Hit
 
 QUERY_SAMPLE = 200
 MAX_EF_SEARCH = 1024  # the widest HNSW search tuning tries
@@ -135,7 +136,7 @@ def measure(index, sample: RecallSample) -> dict[str, float]:
     }
 
 
-def search(store: str, query: str, k: int = 5) -> list[dict]:
+def search(store: str, query: str, k: int = 5) -> list[Hit]:
     """The ``k`` nearest corpus sentences to ``query`` in the current index."""
     return load_current(store).search([query], k)[0]
 
@@ -174,7 +175,7 @@ class LoadedIndex:
 
         return isinstance(self.encoder, OnnxEncoder) and self.encoder.encodes_one_thread_safely
 
-    def search(self, queries: list[str], k: int) -> list[list[dict]]:
+    def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         """The ``k`` nearest corpus sentences to each query. Encoding holds a lock (a fast tokenizer is not
         safe to call from two threads at once), except for one query :attr:`encodes_one_lock_free`; FAISS
         searches concurrently."""
@@ -186,12 +187,7 @@ class LoadedIndex:
         scores, rows = self.index.search(vectors, k)
         return [
             [
-                {
-                    "rank": rank + 1,
-                    "score": round(float(s), 4),
-                    "sentence_id": self.sentence_ids[r],
-                    "text": self.texts[r],
-                }
+                Hit(rank + 1, round(float(s), 4), self.sentence_ids[r], self.texts[r])
                 for rank, (s, r) in enumerate(zip(row_scores, row_ids, strict=True))
                 if r >= 0
             ]

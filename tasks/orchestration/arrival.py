@@ -7,11 +7,33 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import Any
+from typing import Any, Literal
 
 from airflow.sdk import BaseOperator
 from airflow.sdk.exceptions import AirflowFailException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
+from pydantic import BaseModel
+
+
+class Arrival(BaseModel):
+    """What the trigger reports: raw data ``arrived`` at ``source`` (``files`` of them), or a ``timeout``."""
+
+    status: Literal["arrived", "timeout"]
+    source: str
+    files: int | None = None
+
+    def event(self) -> TriggerEvent:
+        return TriggerEvent(self.model_dump(exclude_none=True))
+
+
+class ArrivalParams(BaseModel):
+    """The run's param the wait reads (the others are the stage's)."""
+
+    arrival_timeout_h: float
+
+    @classmethod
+    def of(cls, context: Any) -> ArrivalParams:
+        return cls.model_validate(context["params"])
 
 
 def arrived(source: str) -> list[str]:
@@ -41,10 +63,10 @@ class SourceArrivalTrigger(BaseTrigger):
     async def run(self) -> AsyncIterator[TriggerEvent]:
         while True:
             if found := await asyncio.to_thread(arrived, self.source):
-                yield TriggerEvent({"status": "arrived", "source": self.source, "files": len(found)})
+                yield Arrival(status="arrived", source=self.source, files=len(found)).event()
                 return
             if time.time() >= self.deadline:
-                yield TriggerEvent({"status": "timeout", "source": self.source})
+                yield Arrival(status="timeout", source=self.source).event()
                 return
             await asyncio.sleep(min(self.poll_s, max(self.deadline - time.time(), 0.0)))
 
@@ -62,7 +84,7 @@ class WaitForSource(BaseOperator):
         if found := arrived(source):
             self.log.info("raw data for the partition is there: %s (%d file(s))", source, len(found))
             return source
-        wait = timedelta(hours=float(context["params"]["arrival_timeout_h"]))
+        wait = timedelta(hours=ArrivalParams.of(context).arrival_timeout_h)
         self.log.info("waiting up to %s for raw data at %s (polling every %ss)", wait, source, self.poll_s)
         self.defer(
             trigger=SourceArrivalTrigger(source, self.poll_s, time.time() + wait.total_seconds()),
@@ -71,11 +93,12 @@ class WaitForSource(BaseOperator):
         raise AssertionError("unreachable: defer() raises")
 
     def execute_complete(self, context: Any, event: dict[str, Any]) -> str:
-        if event["status"] != "arrived":
-            hours = context["params"]["arrival_timeout_h"]
-            raise AirflowFailException(f"no raw data arrived at {event['source']} within {hours} h (arrival_timeout_h)")
-        self.log.info("raw data arrived at %s (%d file(s))", event["source"], event["files"])
-        return str(event["source"])
+        arrival = Arrival.model_validate(event)
+        if arrival.status != "arrived":
+            hours = ArrivalParams.of(context).arrival_timeout_h
+            raise AirflowFailException(f"no raw data arrived at {arrival.source} within {hours} h (arrival_timeout_h)")
+        self.log.info("raw data arrived at %s (%d file(s))", arrival.source, arrival.files)
+        return arrival.source
 
 
 def _resolved_source(context: Any) -> str:

@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from tasks.ml.hits import Hit
 from tasks.ml.vector_index import LoadedIndex
 from tasks.serve.holder import IndexHolder, describe
 
@@ -44,6 +45,10 @@ def _served(holder: IndexHolder) -> LoadedIndex:
     if served is None:
         raise HTTPException(503, f"no index loaded yet: {holder.last_error or 'nothing promoted'}")
     return served
+
+
+def _as_json(hits: list[Hit]) -> list[dict[str, Any]]:
+    return [hit.to_dict() for hit in hits]
 
 
 def create_app(holder: IndexHolder, poll: bool = True) -> FastAPI:
@@ -78,13 +83,13 @@ def create_app(holder: IndexHolder, poll: bool = True) -> FastAPI:
             hits = holder.search(served, [q], k)[0]
         else:
             hits = (await run_in_threadpool(holder.search, served, [q], k))[0]
-        return JSONResponse({**describe(served), "k": k, "hits": hits})
+        return JSONResponse({**describe(served), "k": k, "hits": _as_json(hits)})
 
     @app.post("/search")
     def search_batch(request: BatchRequest) -> JSONResponse:
         served = _served(holder)
         results = holder.search(served, request.queries, request.k)
-        return JSONResponse({**describe(served), "k": request.k, "results": results})
+        return JSONResponse({**describe(served), "k": request.k, "results": [_as_json(hits) for hits in results]})
 
     return app
 

@@ -14,12 +14,23 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
+from pydantic import BaseModel, ValidationError
+
 from tasks.core import uris
+from tasks.ml.hits import Hit
 
 DEFAULT_URL = "http://127.0.0.1:8765"
 TIMEOUT_S = 3.0
 
 log = logging.getLogger(__name__)
+
+
+class Answer(BaseModel):
+    """What the service answered a search with: the index and model run that answered it, and the hits."""
+
+    index: str
+    model_run: str
+    hits: list[Hit]
 
 
 def service_url() -> str | None:
@@ -38,7 +49,7 @@ def _get(url: str) -> dict[str, Any] | None:
         return None
 
 
-def search(store: str, query: str, k: int) -> dict[str, Any] | None:
+def search(store: str, query: str, k: int) -> Answer | None:
     """The service's answer for ``query`` on ``store``, or None when no suitable service answered."""
     base = service_url()
     if base is None or not base.startswith(("http://", "https://")):
@@ -46,8 +57,13 @@ def search(store: str, query: str, k: int) -> dict[str, Any] | None:
     health = _get(f"{base}/health")
     if health is None or health.get("store") != uris.redact(store):
         return None
-    answer = _get(f"{base}/search?{urllib.parse.urlencode({'q': query, 'k': k})}")
-    if answer is None or not isinstance(answer.get("hits"), list):
+    answered = _get(f"{base}/search?{urllib.parse.urlencode({'q': query, 'k': k})}")
+    if answered is None:
         return None
-    log.info("hpd search: answered by %s (index %s, model run %s)", base, answer["index"], answer["model_run"])
+    try:
+        answer = Answer.model_validate(answered)
+    except ValidationError as exc:  # not a search answer (another service on that port)
+        log.debug("serve client: %s: not a search answer: %s", base, exc)
+        return None
+    log.info("hpd search: answered by %s (index %s, model run %s)", base, answer.index, answer.model_run)
     return answer

@@ -17,6 +17,7 @@ from typing import Any
 from tasks.core import catalog, storage, uris
 from tasks.core.catalog import Pointer
 from tasks.ml import vector_index
+from tasks.ml.hits import Hit
 from tasks.ml.vector_index import LoadedIndex
 
 log = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ class IndexHolder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def search(self, served: LoadedIndex, queries: list[str], k: int) -> list[list[dict[str, Any]]]:
+    def search(self, served: LoadedIndex, queries: list[str], k: int) -> list[list[Hit]]:
         """``served.search`` with ``search_threads`` OpenMP threads. The setting is the calling thread's own (an
         OpenMP thread count is per thread), so it is made in each request's thread; one thread by default:
         requests already run side by side, and a team per single query contends with the query encoder's

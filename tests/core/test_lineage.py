@@ -89,7 +89,7 @@ def test_lineage_of_the_index_reaches_the_staged_partition_and_its_source(indexe
     assert any(key.startswith("teacher/") for key in objects) and any(key.startswith("targets/") for key in objects)
     runs = {(n.stage, n.key) for n in traced.root.walk() if n.kind == "manifest"}
     assert {("build_index", "tiny"), ("distill", "tiny"), ("stage_corpus", "ingest_date=2026-11-01")} <= runs
-    tree = lineage.render(traced)
+    tree = traced.render()
     assert tree.startswith("indexes/current.json\n  indexes/tiny/") and "\n    build_index tiny\n" in tree
     assert (
         f"      distill tiny  fingerprint {traced.root.children[0].children[0].children[0].sha256[:8]} verified" in tree
@@ -108,7 +108,7 @@ def test_lineage_of_the_index_reaches_the_staged_partition_and_its_source(indexe
 )
 def test_lineage_starts_from_a_model_run_or_a_manifest(indexed, target, first):
     traced = lineage.trace(indexed[0], target)
-    assert lineage.render(traced).splitlines()[0] == first and traced.partitions == ["2026-11-01"]
+    assert traced.render().splitlines()[0] == first and traced.partitions == ["2026-11-01"]
 
 
 def test_one_flipped_byte_in_a_teacher_shard_fails_naming_it(indexed, capsys):
@@ -136,7 +136,7 @@ def test_a_source_gone_is_unavailable_and_a_changed_one_fails(indexed):
     try:
         traced = lineage.trace(store, "tiny")
         assert traced.sources == {storage.to_uri(str(raw)): lineage.UNAVAILABLE}
-        assert lineage.render(traced).endswith("(unavailable, it is gone)")
+        assert traced.render().endswith("(unavailable, it is gone)")
         raw.write_bytes(body + b"\nan extra line")
         with pytest.raises(lineage.LineageError, match=re.escape(storage.to_uri(str(raw))) + r": sha256 mismatch"):
             lineage.trace(store, "tiny")

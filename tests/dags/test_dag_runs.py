@@ -59,7 +59,7 @@ def test_demo_chain_runs_every_dag_reports_lineage_and_reruns_idempotently(input
             "hpd_retrain": {"max_steps": 3, "batch_size": 16, "max_regression": 1000.0},
         },
     )
-    walls = demo.run_chain(plan, echo=lambda *a, **k: None)
+    walls = plan.run_chain(echo=lambda *a, **k: None)
     assert list(walls) == ["airflow db migrate", "hpd_ingest", "hpd_retrain", "hpd_index", "hpd_quality_report"]
     _assert_the_partition_was_ingested(store_root, plan.teacher)
     where = demo.locations(store_root)
@@ -78,7 +78,6 @@ def test_demo_chain_runs_every_dag_reports_lineage_and_reruns_idempotently(input
 
 
 def _assert_a_rerun_rewrites_no_manifest(plan) -> None:
-    from tasks import demo
 
     def manifests() -> dict[str, bytes]:
         keys = [(stage, key) for stage in Stage for key in manifest.list_keys(plan.store, stage)]
@@ -86,7 +85,7 @@ def _assert_a_rerun_rewrites_no_manifest(plan) -> None:
 
     before = manifests()
     assert len(before) >= 8
-    demo.run_chain(plan, echo=lambda *a, **k: None)
+    plan.run_chain(echo=lambda *a, **k: None)
     assert manifests() == before
 
 

@@ -93,7 +93,7 @@ def test_query_encoder_torch_serves_the_pytorch_student(store):
     holder = IndexHolder(store, POLL_S, query_encoder="torch")
     assert holder.refresh() and holder.health()["query_encoder"] == "torch"
     hits = holder.current.search([TEXTS[7]], 1)[0]
-    assert hits[0]["text"] == TEXTS[7]
+    assert hits[0].text == TEXTS[7]
 
 
 def test_a_search_runs_with_the_holders_openmp_threads_in_the_requests_thread(store):
@@ -157,8 +157,10 @@ def test_answers_are_the_holders_results_as_json(store):
         batch = client.post("/search", json={"queries": [TEXTS[7], "rain"], "k": 2})
         served = holder.current
         assert single.headers["content-type"] == "application/json"
-        assert single.json() == {**describe(served), "k": 3, "hits": served.search([TEXTS[7]], 3)[0]}
-        assert batch.json() == {**describe(served), "k": 2, "results": served.search([TEXTS[7], "rain"], 2)}
+        hits = [hit.to_dict() for hit in served.search([TEXTS[7]], 3)[0]]
+        results = [[hit.to_dict() for hit in found] for found in served.search([TEXTS[7], "rain"], 2)]
+        assert single.json() == {**describe(served), "k": 3, "hits": hits}
+        assert batch.json() == {**describe(served), "k": 2, "results": results}
 
 
 @pytest.mark.parametrize(

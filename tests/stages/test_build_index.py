@@ -57,7 +57,7 @@ def test_flat_index_is_exact_promoted_and_searchable(store, capsys, caplog):
     embeddings = [o for o in result.outputs if o.contract == "student_embeddings"]
     assert sum(o.rows for o in embeddings) == 300
     hits = vector_index.search(store, TEXTS[7], k=3)
-    assert hits[0]["text"] == TEXTS[7] and hits[0]["score"] == pytest.approx(1.0, abs=1e-4)
+    assert hits[0].text == TEXTS[7] and hits[0].score == pytest.approx(1.0, abs=1e-4)
     assert vector_index.load_current(store).query_encoder == "torch"  # the student exported no ONNX graph
     assert cli.main(["search", TEXTS[7], "-k", "2", "--store", store]) == 0
     assert TEXTS[7] in capsys.readouterr().out

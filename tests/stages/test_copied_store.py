@@ -21,6 +21,7 @@ from tasks import cli
 from tasks.core import catalog, config, manifest, storage
 from tasks.core.catalog import Pointer, Stage
 from tasks.ml import vector_index
+from tasks.ml.hits import Hit
 from tasks.stages import build_index, drift, encode_teacher, fit_pca, stage_corpus, validate
 from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
 from tests.support.tiny_models import build_sentence_model
@@ -90,7 +91,7 @@ def _rerun_every_stage(prepared: dict[str, str], store: str) -> dict[str, bool]:
     return {str(stage): result.skipped for stage, result in results.items()}
 
 
-def _searched(store: str, capsys: pytest.CaptureFixture[str]) -> list[dict]:
+def _searched(store: str, capsys: pytest.CaptureFixture[str]) -> list[Hit]:
     """The hits of ``hpd search`` on ``store`` (the CLI, then the function for the hits themselves)."""
     capsys.readouterr()
     assert cli.main(["search", QUERY, "-k", "2", "--store", store]) == 0
@@ -198,7 +199,7 @@ def test_a_changed_param_on_a_copy_rebuilds_in_the_copy_only(original, tmp_path,
         assert [r.skipped for r in rebuilt] == [False] * 4
         assert all(o.uri.startswith(copy + "/") for r in rebuilt for o in r.outputs)
         _assert_resolved_into(copy)
-        assert _searched(copy, capsys)[0]["text"] == QUERY
+        assert _searched(copy, capsys)[0].text == QUERY
     assert _file_hashes(folder) == before
 
 

@@ -18,7 +18,6 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC
 from typing import Any, BinaryIO
 
 import boto3
@@ -43,6 +42,7 @@ from tasks.core.storage.objects import (
     PreconditionFailed,
     chunks,
 )
+from tasks.core.storage.s3_responses import Got, Head, Page, Upload, Written
 from tasks.core.uris import StorageError, to_uri
 
 _AWS_ENV = (
@@ -180,7 +180,7 @@ class S3Backend:
             )
         except (ClientError, BotoCoreError) as exc:
             raise failure(uri, exc) from exc
-        return ObjectInfo(uri, len(data), resp["ETag"])
+        return ObjectInfo(uri, len(data), Written.model_validate(resp).etag)
 
     def read_bytes(self, uri: str) -> bytes:
         return read_whole(uri, None)
@@ -223,7 +223,7 @@ class S3Backend:
             raise error from exc
         except BotoCoreError as exc:
             raise failure(uri, exc) from exc
-        return ObjectInfo(uri, resp["ContentLength"], resp["ETag"])
+        return Head.model_validate(resp).info(uri)
 
     def size(self, uri: str) -> int:
         return self.head(uri).size
@@ -246,11 +246,7 @@ class S3Backend:
                 s3_client().get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{key}/" if key else "")
             )
             for page in pages:
-                found += [
-                    ListedObject(f"s3://{bucket}/{o['Key']}", o["Size"], o["LastModified"].astimezone(UTC), o["ETag"])
-                    for o in page.get("Contents", [])
-                    if not o["Key"].endswith("/")
-                ]
+                found += [o.listed(bucket) for o in Page.model_validate(page).contents if not o.key.endswith("/")]
         except (ClientError, BotoCoreError) as exc:
             raise failure(prefix, exc) from exc
         return found
@@ -282,14 +278,14 @@ def _multipart(uri: str, parts: Iterator[bytes]) -> ObjectInfo:
     bucket, key = _object(uri)
     client = s3_client()
     try:
-        upload_id = client.create_multipart_upload(Bucket=bucket, Key=key)["UploadId"]
+        upload_id = Upload.model_validate(client.create_multipart_upload(Bucket=bucket, Key=key)).upload_id
     except (ClientError, BotoCoreError) as exc:
         raise failure(uri, exc) from exc
     try:
         done, size = [], 0
         for number, body in enumerate(parts, start=1):
             resp = client.upload_part(Bucket=bucket, Key=key, UploadId=upload_id, PartNumber=number, Body=body)
-            done.append({"PartNumber": number, "ETag": resp["ETag"]})
+            done.append({"PartNumber": number, "ETag": Written.model_validate(resp).etag})
             size += len(body)
         resp = client.complete_multipart_upload(
             Bucket=bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": done}
@@ -302,7 +298,7 @@ def _multipart(uri: str, parts: Iterator[bytes]) -> ObjectInfo:
         if isinstance(exc, ClientError | BotoCoreError):
             raise failure(uri, exc) from exc
         raise
-    return ObjectInfo(uri, size, resp["ETag"])
+    return ObjectInfo(uri, size, Written.model_validate(resp).etag)
 
 
 def _prepend(first: bytes, rest: Iterator[bytes]) -> Iterator[bytes]:
@@ -330,9 +326,10 @@ def read_whole(uri: str, on_chunk: Callable[[bytes], object] | None) -> bytes:
             continue
         except BotoCoreError as exc:
             raise failure(uri, exc) from exc
-        etag = resp["ETag"]
+        got = Got.model_validate(resp)
+        etag = got.etag
         try:
-            _take(resp["Body"], parts, on_chunk)
+            _take(got.body, parts, on_chunk)
             return b"".join(parts)
         except _BODY_ERRORS as exc:
             if attempt == attempts():
@@ -382,7 +379,8 @@ class _Body(io.RawIOBase):
             raise failure(self._uri, exc) from exc
         except BotoCoreError as exc:
             raise failure(self._uri, exc) from exc
-        self._etag, self._body = resp["ETag"], resp["Body"]
+        got = Got.model_validate(resp)
+        self._etag, self._body = got.etag, got.body
 
     def readinto(self, buffer: Any) -> int:
         while True:
