@@ -7,22 +7,34 @@ input fingerprint is not the distill manifest's) is ``stale`` and its measuremen
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
 from typing import Any
 
 from tasks.core import catalog, lineage, manifest, storage
 from tasks.core.catalog import Pointer, Stage
+from tasks.core.stage_records import GATED, GateVerdict, Record, RecordError, ValidateStats
 
-GATED = ("STS-B test", "SICK-R test")  # the pair sets the validate gate checks, as in its report
 PASSED, FAILED, NOT_VALIDATED, STALE = "passed", "failed", "not validated", "stale"
 MARK = "*"  # on a compared row that differs, and on the promoted run
 
 
-@dataclass(frozen=True)
-class Run:
+class Validation(ValidateStats):
+    """A validation as a run shows it: its STS table, retrieval and gate verdict, its params and phase timings."""
+
+    params: dict[str, Any]
+    timings: dict[str, float]
+
+
+class _Published(Record):
+    """What a run shows of a manifest's own fields: when it was published, how long each phase took."""
+
+    ended_at: str
+    timings_s: dict[str, float]
+
+
+class Run(Record):
     """One model run as its manifests record it. ``created``: when its distill manifest was published;
-    ``validation``: the validate manifest's params, STS table, retrieval, gate and timings (None unless
-    ``gate`` is passed or failed); ``fidelity``: the exported weights' validation score, from distill."""
+    ``validation``: the validate manifest's (None unless ``gate`` is passed or failed); ``fidelity``: the exported
+    weights' validation score, from distill."""
 
     name: str
     created: str
@@ -32,21 +44,39 @@ class Run:
     params: dict[str, Any]
     fidelity: dict[str, Any] | None
     timings: dict[str, float]
-    validation: dict[str, Any] | None
+    validation: Validation | None
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The run as read (a gate verdict from before the rules were recorded still without them)."""
+        return self.model_dump(exclude_unset=True)
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Run:
-        return cls(**record)
+        return cls.model_validate(record)
 
     def student_score(self, pair_set: str) -> float | None:
         """The student's STS score on ``pair_set``, None when not validated."""
-        return None if self.validation is None else self.validation["sts"].get("student", {}).get(pair_set)
+        return None if self.validation is None else self.validation.sts.student.get(pair_set)
+
+    def compared(self) -> dict[str, Any]:
+        """Everything compared about the run, by row name: params, inputs, metrics, gate, durations."""
+        rows: dict[str, Any] = {"created": self.created, "promoted": self.promoted, **_flat("params", self.params)}
+        rows |= {"partitions": self.partitions, **_flat("fidelity", self.fidelity), **self._validation_rows()}
+        validate_timings = None if self.validation is None else self.validation.timings
+        return rows | _flat("timings.distill", self.timings) | _flat("timings.validate", validate_timings)
+
+    def _validation_rows(self) -> dict[str, Any]:
+        """The student's STS scores and the gate's reference, retrieval, the gate, its margins and params."""
+        if self.validation is None:
+            return {"gate": self.gate}
+        validation, gate = self.validation, self.validation.gate
+        rows = _flat("sts.student", _gated_first(validation.sts.student))
+        rows |= {"gate.reference": gate.reference, **_flat("sts.reference", _gated_first(gate.reference_scores))}
+        rows |= {**_flat("retrieval", validation.retrieval.model_dump()), "gate": self.gate, **_margins(gate)}
+        return rows | _flat("validate.params", validation.params)
 
 
-def _validation(store: str, name: str, distilled: manifest.Manifest) -> tuple[str, dict[str, Any] | None]:
+def _validation(store: str, name: str, distilled: manifest.Manifest) -> tuple[str, Validation | None]:
     """The gate decision and the measurements of the validation of this very distill run, if any."""
     validated = manifest.read(store, Stage.VALIDATE, name)
     if validated is None:
@@ -54,31 +84,39 @@ def _validation(store: str, name: str, distilled: manifest.Manifest) -> tuple[st
     distill_uri = catalog.manifest_uri(store, Stage.DISTILL, name)
     if not any(i.uri == distill_uri and i.sha256 == distilled.fingerprint for i in validated.inputs):
         return STALE, None
-    record: dict[str, Any] = {part: validated.stats.get(part) for part in ("sts", "retrieval", "gate")}
-    if not all(isinstance(value, dict) for value in record.values()):
-        raise manifest.ManifestError(
-            f"{catalog.manifest_uri(store, Stage.VALIDATE, name)}: its stats lack the sts, retrieval or gate record"
-        )
-    record |= {"params": validated.params, "timings": validated.document["timings_s"]}
-    return PASSED if record["gate"]["passed"] else FAILED, record
+    uri = catalog.manifest_uri(store, Stage.VALIDATE, name)
+    measured = ValidateStats.parse(validated.stats, f"the stats of {uri}")
+    published = _Published.parse(validated.document, uri)
+    record = Validation(
+        sts=measured.sts,
+        retrieval=measured.retrieval,
+        gate=measured.gate,
+        params=validated.params,
+        timings=published.timings_s,
+    )
+    return PASSED if measured.gate.passed else FAILED, record
 
 
 def read_run(store: str, name: str, promoted: str | None) -> Run:
-    """The model run ``name`` of ``store`` (``promoted``: the run models/current.json names); an unknown run
-    is a :class:`manifest.ManifestError` naming its distill manifest."""
+    """The model run ``name`` of ``store`` (``promoted``: the run models/current.json names); an unknown run,
+    or one whose manifests lack what a run shows, is a :class:`manifest.ManifestError` naming the manifest."""
     store = storage.to_uri(store)
     distilled = lineage.distill_manifest(store, name)
-    gate, validation = _validation(store, name, distilled)
+    try:
+        gate, validation = _validation(store, name, distilled)
+        published = _Published.parse(distilled.document, catalog.manifest_uri(store, Stage.DISTILL, name))
+    except RecordError as exc:
+        raise manifest.ManifestError(str(exc)) from None
     days = lineage.partitions_read(store, distilled)
     return Run(
         name=name,
-        created=distilled.document["ended_at"],
+        created=published.ended_at,
         partitions=[day.isoformat() for day in sorted(days)],
         promoted=name == promoted,
         gate=gate,
         params=distilled.params,
         fidelity=distilled.stats.get("exported"),
-        timings=distilled.document["timings_s"],
+        timings=published.timings_s,
         validation=validation,
     )
 
@@ -97,8 +135,7 @@ def list_runs(store: str) -> list[Run]:
 
 
 # -- compare ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Row:
+class Row(Record):
     """One compared value: its name, run A's and run B's (None where a run has none), whether they differ."""
 
     name: str
@@ -107,8 +144,7 @@ class Row:
     differs: bool
 
 
-@dataclass(frozen=True)
-class Comparison:
+class Comparison(Record):
     """Model runs ``a`` and ``b``, row by row."""
 
     a: str
@@ -116,11 +152,17 @@ class Comparison:
     rows: list[Row]
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return self.model_dump()
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Comparison:
-        return cls(record["a"], record["b"], [Row(**row) for row in record["rows"]])
+        return cls.model_validate(record)
+
+    def render(self) -> str:
+        """``name  A  B`` per row, the rows that differ marked ``*`` in front."""
+        header = [" ", "", self.a, self.b]
+        rows = [[MARK if r.differs else "", r.name, _shown(r.a), _shown(r.b)] for r in self.rows]
+        return _table([header, *rows])
 
 
 def _flat(prefix: str, values: dict[str, Any] | None) -> dict[str, Any]:
@@ -134,37 +176,15 @@ def _flat(prefix: str, values: dict[str, Any] | None) -> dict[str, Any]:
     return rows
 
 
-def _margins(gate: dict[str, Any]) -> dict[str, float]:
+def _margins(gate: GateVerdict) -> dict[str, float]:
     """How far the student's score is above each gate rule's threshold (below when negative), as the validate
     stage recorded the rules (manifests from before it did show none)."""
-    return {
-        f"gate.margin.{rule['score']}.{rule['rule']}": round(rule["value"] - rule["threshold"], 2)
-        for rule in gate.get("rules", [])
-    }
+    return {f"gate.margin.{rule.score}.{rule.rule}": round(rule.margin, 2) for rule in gate.rules}
 
 
 def _gated_first(scores: dict[str, float]) -> dict[str, float]:
     """``scores`` by pair set, the gated ones first (STS-B test, SICK-R test)."""
     return {pair_set: scores[pair_set] for pair_set in GATED if pair_set in scores} | scores
-
-
-def _validation_rows(run: Run) -> dict[str, Any]:
-    """The student's STS scores and the gate's reference, retrieval, the gate, its margins and params."""
-    if run.validation is None:
-        return {"gate": run.gate}
-    validation, gate = run.validation, run.validation["gate"]
-    rows = _flat("sts.student", _gated_first(validation["sts"].get("student", {})))
-    rows |= {"gate.reference": gate["reference"], **_flat("sts.reference", _gated_first(gate["reference_scores"]))}
-    rows |= {**_flat("retrieval", validation["retrieval"]), "gate": run.gate, **_margins(gate)}
-    return rows | _flat("validate.params", validation["params"])
-
-
-def _rows(run: Run) -> dict[str, Any]:
-    """Everything compared about ``run``, by row name: params, inputs, metrics, gate, durations."""
-    rows: dict[str, Any] = {"created": run.created, "promoted": run.promoted, **_flat("params", run.params)}
-    rows |= {"partitions": run.partitions, **_flat("fidelity", run.fidelity), **_validation_rows(run)}
-    validate_timings = None if run.validation is None else run.validation["timings"]
-    return rows | _flat("timings.distill", run.timings) | _flat("timings.validate", validate_timings)
 
 
 def compare(store: str, a: str, b: str) -> Comparison:
@@ -175,10 +195,10 @@ def compare(store: str, a: str, b: str) -> Comparison:
 
 def compare_runs(a: Run, b: Run) -> Comparison:
     """Two runs as read (or, for a run being validated, as measured so far) side by side, row by row."""
-    first, second = _rows(a), _rows(b)
+    first, second = a.compared(), b.compared()
     names = list(first) + [name for name in second if name not in first]
-    rows = [Row(n, first.get(n), second.get(n), first.get(n) != second.get(n)) for n in names]
-    return Comparison(a.name, b.name, rows)
+    rows = [Row(name=n, a=first.get(n), b=second.get(n), differs=first.get(n) != second.get(n)) for n in names]
+    return Comparison(a=a.name, b=b.name, rows=rows)
 
 
 # -- rendering ----------------------------------------------------------------------------------------------
@@ -208,10 +228,3 @@ def render_list(runs: list[Run]) -> str:
         for r in runs
     ]
     return _table([header, *lines]) if runs else "no model runs"
-
-
-def render_comparison(comparison: Comparison) -> str:
-    """``name  A  B`` per row, the rows that differ marked ``*`` in front."""
-    header = [" ", "", comparison.a, comparison.b]
-    rows = [[MARK if r.differs else "", r.name, _shown(r.a), _shown(r.b)] for r in comparison.rows]
-    return _table([header, *rows])

@@ -27,11 +27,12 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from tasks.core.stage_records import DriftScore
 from tasks.ml.projection import Projection
 
 VOCABULARY_SIZE = 2000
@@ -89,7 +90,9 @@ class Profile:
 
     @classmethod
     def from_dict(cls, record: dict[str, Any]) -> Profile:
-        return cls(**{**record, "length_counts": {int(k): v for k, v in record["length_counts"].items()}})
+        """The profile :meth:`to_dict` wrote (JSON keys the text lengths as strings)."""
+        read = cls(**record)
+        return replace(read, length_counts={int(k): v for k, v in read.length_counts.items()})
 
     def mean_direction(self) -> np.ndarray:
         mean = np.asarray(self.vector_sum) / max(self.rows, 1)
@@ -151,7 +154,7 @@ def merged(profiles: Iterable[Profile]) -> Profile:
     return total
 
 
-def compare(partition: Profile, reference: Profile, threshold: float) -> dict[str, Any]:
+def compare(partition: Profile, reference: Profile, threshold: float) -> DriftScore:
     """The drift of ``partition`` from ``reference``: each component, the weighted score, and the flag."""
     reference_error = reference.reconstruction_error()
     components = {
@@ -163,15 +166,15 @@ def compare(partition: Profile, reference: Profile, threshold: float) -> dict[st
         "vocabulary": 1.0 - min(1.0, vocabulary_overlap(partition.vocabulary, reference.vocabulary)),
     }
     score = sum(WEIGHTS[name] * value for name, value in components.items())
-    return {
-        "score": round(score, 6),
-        "threshold": threshold,
-        "flagged": score >= threshold,
-        "components": {name: round(value, 6) for name, value in components.items()},
-        "weights": WEIGHTS,
-        "partition": partition.summary(),
-        "reference": reference.summary(),
-    }
+    return DriftScore(
+        score=round(score, 6),
+        threshold=threshold,
+        flagged=score >= threshold,
+        components={name: round(value, 6) for name, value in components.items()},
+        weights=WEIGHTS,
+        partition=partition.summary(),
+        reference=reference.summary(),
+    )
 
 
 def population_stability(counts: np.ndarray, reference: np.ndarray) -> float:

@@ -13,7 +13,18 @@ from tasks.core import catalog, config, manifest, runs
 from tasks.core.catalog import Stage
 from tasks.core.config import StageParams
 from tasks.core.manifest import StageResult
+from tasks.core.stage_records import ValidateStats
 from tasks.orchestration import assets
+from tasks.orchestration.run_records import (
+    DagParams,
+    DriftResult,
+    IndexParams,
+    IngestParams,
+    QualityReportParams,
+    RetrainParams,
+    Verdict,
+    WrittenRows,
+)
 from tasks.stages import registry
 
 log = logging.getLogger(__name__)
@@ -35,8 +46,7 @@ def partition_date(context: dict) -> date:
 def run_params(context: dict) -> dict:
     """The run's params; a run that names no store works on the store of the events that triggered it."""
     params = dict(context["params"])
-    params["store"] = params.get("store") or assets.triggering_extra(context, "store")
-    return params
+    return {**params, "store": DagParams.model_validate(params).store or assets.triggering_extra(context, "store")}
 
 
 def pick(params: dict, *names: str) -> dict[str, Any]:
@@ -81,18 +91,23 @@ def run_stage(stage: Stage, parsed: StageParams) -> StageResult:
 
 
 def shard_groups(params: dict, day: str) -> list[list[int]]:
-    """The partition's sentences shards split round-robin into ``params['shard_groups']`` non-empty groups."""
+    """The partition's sentences shards split round-robin into at most ``shard_groups`` non-empty groups."""
     from tasks.core import sentences
 
     store = store_of(params)
     count = len(sentences.shards(store, date.fromisoformat(day)))
-    groups = min(params["shard_groups"], count)
+    groups = min(IngestParams.model_validate(params).shard_groups, count)
     return [list(range(g, count, groups)) for g in range(groups)]
 
 
 def run_name(context: dict) -> str:
     """A store-safe name for the Airflow run (the default name of a distill run)."""
     return catalog.airflow_run_name(context["run_id"])
+
+
+def _outlet(context: dict, asset: Any) -> Any:
+    """This task's outlet event for ``asset`` (its ``extra`` is what the event carries)."""
+    return context["outlet_events"][asset]
 
 
 def announce_partition(context: dict, day: str) -> dict[str, Any]:
@@ -102,21 +117,17 @@ def announce_partition(context: dict, day: str) -> dict[str, Any]:
 
     store = store_of(run_params(context))
     key = catalog.partition_key(date.fromisoformat(day))
-    staged = manifest.read(store, Stage.STAGE_CORPUS, key)
-    augmented = manifest.read(store, Stage.AUGMENT, key)
-    extra = {
-        "store": store,
-        "ingest_date": day,
-        "rows": {
-            "sentences": staged.stats["rows_written"] if staged else 0,
-            "augmented": augmented.stats.get("rows_written", 0) if augmented else 0,
-        },
-        "manifest": catalog.store_key(store, catalog.manifest_uri(store, Stage.STAGE_CORPUS, key)),
+    staged, augmented = (manifest.read(store, stage, key) for stage in (Stage.STAGE_CORPUS, Stage.AUGMENT))
+    rows = {
+        "sentences": WrittenRows.model_validate(staged.stats).rows_written if staged else 0,
+        "augmented": WrittenRows.model_validate(augmented.stats).rows_written if augmented else 0,
     }
+    manifest_key = catalog.store_key(store, catalog.manifest_uri(store, Stage.STAGE_CORPUS, key))
+    extra = {"store": store, "ingest_date": day, "rows": rows, "manifest": manifest_key}
     for asset in (assets.CORPUS_PARTITION, assets.CORPUS_UPDATED):
-        context["outlet_events"][asset].extra = extra
-    context["outlet_events"][assets.CORPUS_PARTITION].add_partitions(day)
-    log.info("partition %s of %s announced: %s", day, store, extra["rows"])
+        _outlet(context, asset).extra = extra
+    _outlet(context, assets.CORPUS_PARTITION).add_partitions(day)
+    log.info("partition %s of %s announced: %s", day, store, rows)
     return extra
 
 
@@ -126,11 +137,12 @@ def has_new_data(context: dict) -> bool:
     from tasks.core import lineage
 
     params = run_params(context)
-    if params.get("partitions"):
-        log.info("retraining on the partitions named: %s", params["partitions"])
+    retrain = RetrainParams.model_validate(params)
+    if retrain.partitions:
+        log.info("retraining on the partitions named: %s", retrain.partitions)
         return True
     store = store_of(params)
-    new = lineage.untrained_partitions(store, params["teacher"])
+    new = lineage.untrained_partitions(store, retrain.teacher)
     if not new:
         log.info("no new data in %s: every encoded partition is in the promoted model's training data", store)
         return False
@@ -143,10 +155,10 @@ def pca_partitions(context: dict, pca_name: str) -> list[str]:
     from tasks.core import lineage
 
     params = run_params(context)
-    store = store_of(params)
-    fitted = manifest.read(store, Stage.FIT_PCA, catalog.pca_key(params["teacher"], pca_name))
+    store, teacher = store_of(params), RetrainParams.model_validate(params).teacher
+    fitted = manifest.read(store, Stage.FIT_PCA, catalog.pca_key(teacher, pca_name))
     if fitted is None:
-        raise AirflowFailException(f"{store}: no published PCA run {pca_name!r} of {params['teacher']!r}")
+        raise AirflowFailException(f"{store}: no published PCA run {pca_name!r} of {teacher!r}")
     days = sorted(lineage.partitions_read(store, fitted))
     log.info("PCA run %s was fitted on partitions %s", pca_name, [d.isoformat() for d in days])
     return [d.isoformat() for d in days]
@@ -155,7 +167,7 @@ def pca_partitions(context: dict, pca_name: str) -> list[str]:
 def check_quality(context: dict, day: str, pca_name: str) -> dict[str, Any]:
     """The quality stage on partition ``day`` with the targets of PCA run ``pca_name``: a failure fails the task."""
     params = run_params(context)
-    values = {"teacher": params["teacher"], "pca_name": pca_name, "ingest_date": day}
+    values = {**pick(params, "teacher"), "pca_name": pca_name, "ingest_date": day}
     return run_stage(Stage.QUALITY, stage_params(Stage.QUALITY, values, params)).stats
 
 
@@ -175,7 +187,8 @@ def distill(context: dict, pca_name: str) -> str:
         "amp",
         "onnx",
     )
-    values = {**pick(params, *settings), "pca_name": pca_name, "name": params["name"] or run_name(context)}
+    name = RetrainParams.model_validate(params).name or run_name(context)
+    values = {**pick(params, *settings), "pca_name": pca_name, "name": name}
     parsed = stage_params(Stage.DISTILL, values, params)
     run_stage(Stage.DISTILL, parsed)
     return parsed.name
@@ -185,7 +198,7 @@ def validate(context: dict, model_run: str) -> dict[str, Any]:
     """The validate stage on ``model_run`` with the run's gate params; its verdict (a failed gate raises)."""
     params = run_params(context)
     values = {"model_run": model_run, **pick(params, "min_stsb", "min_sickr", "max_regression")}
-    return gate_verdict(run_stage(Stage.VALIDATE, stage_params(Stage.VALIDATE, values, params)))
+    return gate_verdict(run_stage(Stage.VALIDATE, stage_params(Stage.VALIDATE, values, params))).model_dump()
 
 
 def partition_drift(context: dict) -> dict[str, Any]:
@@ -197,7 +210,8 @@ def partition_drift(context: dict) -> dict[str, Any]:
     if promoted is None:
         log.info("drift of %s: no promoted model in %s, so no training data to compare with", day, store)
         return {"flagged": False, "model_run": None}
-    values = {"ingest_date": day, "model_run": promoted, "threshold": params["drift_threshold"]}
+    threshold = QualityReportParams.model_validate(params).drift_threshold
+    values = {"ingest_date": day, "model_run": promoted, "threshold": threshold}
     result = run_stage(Stage.DRIFT, stage_params(Stage.DRIFT, values, params))
     return {**result.stats, "manifest": catalog.store_key(store, result.manifest_uri)}
 
@@ -206,26 +220,30 @@ def announce_drift(context: dict, drift: dict[str, Any]) -> dict[str, Any]:
     """A flagged drift becomes this task's ``assets.CORPUS_UPDATED`` event (a retrain trigger) with reason
     ``drift``, its store, partition, score, threshold, model run and manifest; otherwise the task is skipped,
     and skipped tasks emit no event."""
-    if not drift["flagged"]:
+    found = DriftResult.model_validate(drift)
+    if not found.flagged:
         raise AirflowSkipException("no drift flagged: no retrain trigger")
+    day = partition_date(context).isoformat()
     extra = {
         "store": store_of(run_params(context)),
-        "ingest_date": partition_date(context).isoformat(),
+        "ingest_date": day,
         "reason": "drift",
-        **{name: drift[name] for name in ("score", "threshold", "model_run", "manifest")},
+        "score": found.score,
+        "threshold": found.threshold,
+        "model_run": found.model_run,
+        "manifest": found.manifest,
     }
-    context["outlet_events"][assets.CORPUS_UPDATED].extra = extra
-    log.warning(
-        "partition %s drifted from the training data of %s: retrain triggered", extra["ingest_date"], extra["model_run"]
-    )
+    _outlet(context, assets.CORPUS_UPDATED).extra = extra
+    log.warning("partition %s drifted from the training data of %s: retrain triggered", day, found.model_run)
     return extra
 
 
 def announce_promotion(context: dict, model_run: str, verdict: dict[str, Any]) -> dict[str, Any]:
     """Attach the promoted model run, its store, scores and report to this task's ``assets.PROMOTED_MODEL`` event."""
     store = store_of(run_params(context))
-    extra = {"store": store, "model_run": model_run, "scores": verdict["scores"], "report": verdict["report"]}
-    context["outlet_events"][assets.PROMOTED_MODEL].extra = extra
+    decided = Verdict.model_validate(verdict)
+    extra = {"store": store, "model_run": model_run, "scores": decided.scores, "report": decided.report}
+    _outlet(context, assets.PROMOTED_MODEL).extra = extra
     log.info("model run %s promoted in %s", model_run, store)
     return extra
 
@@ -233,23 +251,22 @@ def announce_promotion(context: dict, model_run: str, verdict: dict[str, Any]) -
 def triggering_model_run(context: dict) -> str | None:
     """The model run named by the run's params, else by the promotion event that triggered it (else None:
     the promoted one)."""
-    return context["params"].get("model_run") or assets.triggering_extra(context, "model_run")
+    return IndexParams.model_validate(context["params"]).model_run or assets.triggering_extra(context, "model_run")
 
 
-def gate_verdict(result: StageResult) -> dict[str, Any]:
+def gate_verdict(result: StageResult) -> Verdict:
     """The validate stage's decision with the report's URI; :class:`QualityGateFailed` (its reasons, the
     student's scores against the reference and the report) when the gate failed."""
-    stats = result.stats
-    gate, report = stats["gate"], next((o.uri for o in result.outputs if o.uri.endswith("report.html")), None)
-    scores = stats["sts"].get("student", {})
-    verdict = {"passed": gate["passed"], "reasons": gate["reasons"], "scores": scores, "report": report}
-    if not gate["passed"]:
+    stats = ValidateStats.parse(result.stats, f"the stats of {result.manifest_uri}")
+    gate, report = stats.gate, next((o.uri for o in result.outputs if o.uri.endswith("report.html")), None)
+    scores = stats.sts.student
+    if not gate.passed:
         raise QualityGateFailed(
-            f"quality gate failed: {'; '.join(gate['reasons'])}. Student scores: {_scores(scores)}; "
-            f"{gate['reference']}: {_scores(gate['reference_scores'])}. Nothing was promoted. Report: {report}"
+            f"quality gate failed: {'; '.join(gate.reasons)}. Student scores: {_scores(scores)}; "
+            f"{gate.reference}: {_scores(gate.reference_scores)}. Nothing was promoted. Report: {report}"
         )
     log.info("quality gate passed: %s; report %s", _scores(scores), report)
-    return verdict
+    return Verdict(passed=gate.passed, reasons=gate.reasons, scores=scores, report=report)
 
 
 def _scores(scores: dict[str, float]) -> str:

@@ -18,6 +18,7 @@ from typing import Any
 
 from tasks.core import catalog, lineage, manifest, runs
 from tasks.core.catalog import Stage
+from tasks.core.stage_records import DriftScore, PartitionDrift, Record
 from tasks.ml import drift_stats
 from tasks.stages import profiles
 from tasks.stages.params import DistillParams, DriftParams
@@ -25,6 +26,17 @@ from tasks.stages.profiles import DriftError
 
 log = logging.getLogger(__name__)
 DEFAULT_THRESHOLD: float = DriftParams.model_fields["threshold"].default
+
+
+class _AgainstRun(Record):
+    reference_run: str
+    partitions: list[str]
+    reference_partitions: list[str]
+
+
+class TrainingDrift(DriftScore, _AgainstRun):
+    """The drift of a model run's training data (``partitions``) from another run's (``reference_run``, trained on
+    ``reference_partitions``), then the score (pydantic orders fields from the last base to the first)."""
 
 
 def run(params: DriftParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
@@ -49,14 +61,17 @@ def run(params: DriftParams, force: bool = False, progress: bool = False) -> man
         return skipped
     with stage_run.phase("compare"):
         result = _compare([partition], list(references.values()), params.threshold)
-    stage_run.stats = {"model_run": model_run, "reference_partitions": [d.isoformat() for d in days], **result}
-    _log_drift(stage_run.key, stage_run.stats)
+    found = PartitionDrift(
+        model_run=model_run, reference_partitions=[d.isoformat() for d in days], **result.model_dump()
+    )
+    _log_drift(stage_run.key, found)
+    stage_run.stats = found.model_dump()
     uri = catalog.drift_uri(params.store, params.ingest_date, stage_run.fingerprint)
     stage_run.write_output(uri, json.dumps(stage_run.stats, indent=2).encode())
     return stage_run.publish()
 
 
-def between_runs(store: str, distilled: manifest.Manifest, reference_run: str | None) -> dict[str, Any] | None:
+def between_runs(store: str, distilled: manifest.Manifest, reference_run: str | None) -> TrainingDrift | None:
     """The drift of ``distilled``'s training data from ``reference_run``'s (None when there is no reference run),
     both under ``distilled``'s PCA run, flagged at the drift stage's default threshold."""
     if reference_run is None:
@@ -66,11 +81,15 @@ def between_runs(store: str, distilled: manifest.Manifest, reference_run: str | 
     theirs = sorted(lineage.trained_partitions(store, reference_run))
     profile = {day: profiles.ensure(store, trained.teacher, trained.pca_name, day) for day in {*ours, *theirs}}
     result = _compare([profile[d] for d in ours], [profile[d] for d in theirs], DEFAULT_THRESHOLD)
-    partitions = {"partitions": [d.isoformat() for d in ours], "reference_partitions": [d.isoformat() for d in theirs]}
-    return {"reference_run": reference_run, **partitions, **result}
+    return TrainingDrift(
+        reference_run=reference_run,
+        partitions=[d.isoformat() for d in ours],
+        reference_partitions=[d.isoformat() for d in theirs],
+        **result.model_dump(),
+    )
 
 
-def _compare(ours: list[manifest.Output], references: list[manifest.Output], threshold: float) -> dict[str, Any]:
+def _compare(ours: list[manifest.Output], references: list[manifest.Output], threshold: float) -> DriftScore:
     """The comparison of the merged profiles ``ours`` with the merged profiles ``references``."""
     if not ours or not references:
         raise DriftError("a model run that read no corpus partition has no training data to compare")
@@ -85,34 +104,36 @@ def _unique(outputs: list[manifest.Output]) -> list[manifest.Input]:
     return list({o.uri: o.as_input() for o in outputs}.values())
 
 
-def _log_drift(key: str, stats: dict[str, Any]) -> None:
-    components = ", ".join(f"{name} {value:.3f}" for name, value in stats["components"].items())
+def _log_drift(key: str, found: PartitionDrift) -> None:
+    components = ", ".join(f"{name} {value:.3f}" for name, value in found.components.items())
     log.log(
-        logging.WARNING if stats["flagged"] else logging.INFO,
+        logging.WARNING if found.flagged else logging.INFO,
         "drift %s: score %.3f against the training data of %s (%s)%s; %s",
         key,
-        stats["score"],
-        stats["model_run"],
-        ", ".join(stats["reference_partitions"]),
-        f" reaches the threshold {stats['threshold']}: DRIFT" if stats["flagged"] else f" below {stats['threshold']}",
+        found.score,
+        found.model_run,
+        ", ".join(found.reference_partitions),
+        f" reaches the threshold {found.threshold}: DRIFT" if found.flagged else f" below {found.threshold}",
         components,
     )
 
 
 def render(key: str, stats: dict[str, Any]) -> str:
-    """A drift result as text: the verdict, each component with its weight, and both profiles side by side."""
-    verdict = "DRIFT" if stats["flagged"] else "no drift"
+    """A drift result (the stage's stats) as text: the verdict, each component with its weight, and both
+    profiles side by side."""
+    found = PartitionDrift.parse(stats, f"the drift stats of {key}")
+    verdict = "DRIFT" if found.flagged else "no drift"
     lines = [
-        f"{key} against the training data of {stats['model_run']} ({', '.join(stats['reference_partitions'])}): "
-        f"score {stats['score']:.3f}, threshold {stats['threshold']}: {verdict}",
+        f"{key} against the training data of {found.model_run} ({', '.join(found.reference_partitions)}): "
+        f"score {found.score:.3f}, threshold {found.threshold}: {verdict}",
         "",
         f"{'component':<26}{'value':>10}{'weight':>10}",
-        *(f"{n:<26}{stats['components'][n]:>10.3f}{stats['weights'][n]:>10.2f}" for n in drift_stats.WEIGHTS),
+        *(f"{n:<26}{found.components[n]:>10.3f}{found.weights[n]:>10.2f}" for n in drift_stats.WEIGHTS),
         "",
         f"{'statistic':<26}{'partition':>12}{'reference':>12}",
     ]
     for name in drift_stats.STATISTICS:
-        lines.append(f"{name:<26}{_shown(stats['partition'][name]):>12}{_shown(stats['reference'][name]):>12}")
+        lines.append(f"{name:<26}{_shown(found.partition[name]):>12}{_shown(found.reference[name]):>12}")
     return "\n".join(lines)
 
 

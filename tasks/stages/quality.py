@@ -26,9 +26,11 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+from pydantic import ConfigDict
 
 from tasks.core import catalog, manifest, parquet_shards, sentences, storage, uris
 from tasks.core.catalog import Dataset, Stage
+from tasks.core.stage_records import Record
 from tasks.stages import data_docs
 from tasks.stages.params import QualityParams
 
@@ -39,6 +41,68 @@ log = logging.getLogger(__name__)
 
 class QualityError(ValueError):
     """Data that fails its expectation suite; the message lists the failures and sample bad rows."""
+
+
+class ExpectationSpec(Record):
+    """One expectation of a suite: its great-expectations type and kwargs (``"$name"``: a setting's value)."""
+
+    type: str
+    kwargs: dict[str, Any]
+
+
+class SuiteSpec(Record):
+    """An expectation suite of ``schemas/expectations``: the profile it checks and its expectations."""
+
+    profile: str
+    expectations: list[ExpectationSpec]
+
+
+class SuiteSettings(Record):
+    """The values a suite's ``"$name"`` kwargs take; each suite uses some (``dim`` None: as the shard records)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_chars: int | None = None
+    dim: int | None = None
+    min_norm: float | None = None
+    max_norm: float | None = None
+    min_variance: float | None = None
+
+
+class Outcome(Record):
+    """One expectation's result: its type and kwargs, whether it passed, and a sample of the bad rows."""
+
+    expectation: str
+    kwargs: dict[str, Any]
+    success: bool
+    unexpected_count: int | None
+    sample_rows: list[dict[str, Any]]
+
+
+class CheckResult(Record):
+    """A suite's results on one shard."""
+
+    uri: str
+    suite: str
+    rows: int
+    expectations: list[Outcome]
+
+
+class QualityResults(Record):
+    """A quality run's ``results.json``: its partition, the store key of its Data Docs' index (None in runs from
+    before the Data Docs) and every check."""
+
+    partition: str
+    data_docs: str | None = None
+    checks: list[CheckResult]
+
+
+class QualityStats(Record):
+    """The quality stage's stats: how many checks, over how many rows, all passed."""
+
+    checks: int
+    rows: int
+    passed: bool
 
 
 def profile(kind: str, table: pa.Table) -> pd.DataFrame:
@@ -68,12 +132,13 @@ def profile(kind: str, table: pa.Table) -> pd.DataFrame:
 
 
 @cache
-def suite_spec(name: str) -> dict:
+def suite_spec(name: str) -> SuiteSpec:
     path = resources.files("schemas").joinpath("expectations", f"{name}.json")
-    return json.loads(path.read_text())
+    return SuiteSpec.parse(json.loads(path.read_text()), str(path))
 
 
-def _fill(value, settings: dict):
+def _fill(value: Any, settings: dict[str, Any]) -> Any:
+    """``value`` with each ``"$name"`` replaced by setting ``name`` (a KeyError names one that is not set)."""
     if isinstance(value, str) and value.startswith("$"):
         return settings[value[1:]]
     if isinstance(value, list):
@@ -81,31 +146,31 @@ def _fill(value, settings: dict):
     return value
 
 
-def check(suite: str, table: pa.Table, uri: str, **settings) -> dict:
+def check(suite: str, table: pa.Table, uri: str, **settings: Any) -> CheckResult:
     """Run suite ``suite`` on a shard through a great-expectations checkpoint; raise on failure."""
-    return _checked(suite, table, uri, settings)[0]
+    return _checked(suite, table, uri, SuiteSettings(**settings))[0]
 
 
-def _checked(suite: str, table: pa.Table, uri: str, settings: dict) -> tuple[dict, list[Any]]:
+def _checked(suite: str, table: pa.Table, uri: str, settings: SuiteSettings) -> tuple[CheckResult, list[Any]]:
     """:func:`check`, and the identifiers of the validation results its checkpoint stored (for Data Docs)."""
     spec = suite_spec(suite)
-    frame = profile(spec["profile"], table)
+    frame = profile(spec.profile, table)
     result = _checkpoint(suite, spec, settings).run(batch_parameters={"dataframe": frame})
     outcomes = [_outcome(item, frame) for run in result.run_results.values() for item in run.results]
-    failed = [o for o in outcomes if not o["success"]]
+    failed = [o for o in outcomes if not o.success]
     _log_outcomes(suite, uri, len(frame), outcomes)
     if failed:
         lines = [f"{uri}: {len(failed)} of {len(outcomes)} expectations of suite {suite!r} failed:"]
         for o in failed:
             lines.append(
-                f"  {o['expectation']}({o['kwargs']}): {o['unexpected_count']} bad row(s), "
-                f"e.g. {o['sample_rows'][:SAMPLE_ROWS]}"
+                f"  {o.expectation}({o.kwargs}): {o.unexpected_count} bad row(s), e.g. {o.sample_rows[:SAMPLE_ROWS]}"
             )
         raise QualityError("\n".join(lines))
-    return {"uri": uri, "suite": suite, "rows": len(frame), "expectations": outcomes}, list(result.run_results)
+    checked = CheckResult(uri=uri, suite=suite, rows=len(frame), expectations=outcomes)
+    return checked, list(result.run_results)
 
 
-def _checkpoint(suite: str, spec: dict, settings: dict) -> Any:
+def _checkpoint(suite: str, spec: SuiteSpec, settings: SuiteSettings) -> Any:
     """A new checkpoint of suite ``suite`` (its expectations filled in from ``settings``) on a dataframe."""
     import great_expectations as gx
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
@@ -114,9 +179,10 @@ def _checkpoint(suite: str, spec: dict, settings: dict) -> Any:
     context = _context()
     name = f"{suite}-{len(context.suites.all())}"
     gx_suite = context.suites.add(gx.ExpectationSuite(name=name))
-    for expectation in spec["expectations"]:
-        kwargs = {k: _fill(v, settings) for k, v in expectation["kwargs"].items()}
-        gx_suite.add_expectation(ExpectationConfiguration(type=expectation["type"], kwargs=kwargs).to_domain_obj())
+    values = settings.model_dump(exclude_none=True)
+    for expectation in spec.expectations:
+        kwargs = {k: _fill(v, values) for k, v in expectation.kwargs.items()}
+        gx_suite.add_expectation(ExpectationConfiguration(type=expectation.type, kwargs=kwargs).to_domain_obj())
     batch = context.data_sources.get("hpd").add_dataframe_asset(name).add_batch_definition_whole_dataframe("all")
     definition = context.validation_definitions.add(gx.ValidationDefinition(name=name, data=batch, suite=gx_suite))
     return context.checkpoints.add(
@@ -124,22 +190,22 @@ def _checkpoint(suite: str, spec: dict, settings: dict) -> Any:
     )
 
 
-def _outcome(item: Any, frame: pd.DataFrame) -> dict:
+def _outcome(item: Any, frame: pd.DataFrame) -> Outcome:
     """One expectation's result: its type and kwargs, whether it passed, and a sample of the bad rows."""
     kwargs = {k: v for k, v in item.expectation_config.kwargs.items() if k != "batch_id"}
     rows = (item.result.get("unexpected_index_list") or [])[:SAMPLE_ROWS]
-    return {
-        "expectation": item.expectation_config.type,
-        "kwargs": kwargs,
-        "success": bool(item.success),
-        "unexpected_count": item.result.get("unexpected_count"),
-        "sample_rows": frame.iloc[list(rows)].to_dict("records") if rows else [],
-    }
+    return Outcome(
+        expectation=item.expectation_config.type,
+        kwargs=kwargs,
+        success=bool(item.success),
+        unexpected_count=item.result.get("unexpected_count"),
+        sample_rows=frame.iloc[list(rows)].to_dict("records") if rows else [],
+    )
 
 
-def _log_outcomes(suite: str, uri: str, rows: int, outcomes: list[dict]) -> None:
+def _log_outcomes(suite: str, uri: str, rows: int, outcomes: list[Outcome]) -> None:
     """How many expectations of ``suite`` passed on the shard, naming those that failed."""
-    failed = [o for o in outcomes if not o["success"]]
+    failed = [o for o in outcomes if not o.success]
     log.log(
         logging.WARNING if failed else logging.INFO,
         "quality: suite %s on %s (%d rows): %d of %d expectations passed%s",
@@ -148,7 +214,7 @@ def _log_outcomes(suite: str, uri: str, rows: int, outcomes: list[dict]) -> None
         rows,
         len(outcomes) - len(failed),
         len(outcomes),
-        "".join(f"; failed {o['expectation']} ({o['unexpected_count']} bad rows)" for o in failed),
+        "".join(f"; failed {o.expectation} ({o.unexpected_count} bad rows)" for o in failed),
     )
 
 
@@ -174,12 +240,13 @@ def run(params: QualityParams, force: bool = False, progress: bool = False) -> m
     )
     if skipped := stage_run.skip_result(force):
         return skipped
-    results, validated = [], []
+    results: list[CheckResult] = []
+    validated: list[Any] = []
     with stage_run.phase("check"):
         for output, suite, settings in checks:
             table = storage.read_parquet(output.uri, sha256=output.sha256)
-            if suite == "embeddings" and settings["dim"] is None:
-                settings = {**settings, "dim": table.schema.field("embedding").type.list_size}
+            if suite == "embeddings" and settings.dim is None:
+                settings = settings.model_copy(update={"dim": table.schema.field("embedding").type.list_size})
             result, identifiers = _checked(suite, table, output.uri, settings)
             results.append(result)
             validated.extend(identifiers)
@@ -190,13 +257,14 @@ def run(params: QualityParams, force: bool = False, progress: bool = False) -> m
         with stage_run.phase("data_docs"):
             site = data_docs.render(_context(), validated, Path(folder))
         index = catalog.store_key(params.store, index_uri)
-        body = json.dumps({"partition": stage_run.key, "data_docs": index, "checks": results}, indent=2, default=str)
+        recorded = QualityResults(partition=stage_run.key, data_docs=index, checks=results)
+        body = json.dumps(recorded.model_dump(), indent=2, default=str)
         uri = catalog.quality_results_uri(params.store, params.ingest_date, stage_run.fingerprint)
         stage_run.write_output(uri, body.encode())
         with stage_run.phase("publish_data_docs"):
             data_docs.publish(stage_run, site, docs)
     log.info("quality %s: Data Docs %s", stage_run.key, uris.redact(index_uri))
-    stage_run.stats = {"checks": len(results), "rows": sum(r["rows"] for r in results), "passed": True}
+    stage_run.stats = QualityStats(checks=len(results), rows=sum(r.rows for r in results), passed=True).model_dump()
     return stage_run.publish()
 
 
@@ -210,16 +278,14 @@ def data_docs_index(store: str, ingest_date: date) -> str | None:
     return index if any(output.uri == index for output in published.outputs) else None
 
 
-def planned_checks(params: QualityParams) -> list[tuple[manifest.Output, str, dict]]:
+def planned_checks(params: QualityParams) -> list[tuple[manifest.Output, str, SuiteSettings]]:
     """(a published shard as its writer's manifest records it, suite, suite settings) for the partition."""
     shards = sentences.published(params.store, params.ingest_date)
     if not shards:
         raise QualityError(f"{params.store}: nothing staged for {catalog.partition_key(params.ingest_date)}")
-    checks: list[tuple[manifest.Output, str, dict]] = [
-        (s, "sentences", {"max_chars": params.max_chars}) for s in shards
-    ]
+    checks = [(s, "sentences", SuiteSettings(max_chars=params.max_chars)) for s in shards]
     if params.teacher:
-        embedding_settings = {"dim": params.teacher_dim, "min_norm": params.min_norm, "max_norm": params.max_norm}
+        embedding_settings = SuiteSettings(dim=params.teacher_dim, min_norm=params.min_norm, max_norm=params.max_norm)
         for shard in shards:
             key = catalog.teacher_shard_key(params.teacher, params.ingest_date, shard.uri)
             encoded = manifest.read(params.store, Stage.ENCODE_TEACHER, key)
@@ -229,5 +295,5 @@ def planned_checks(params: QualityParams) -> list[tuple[manifest.Output, str, di
         if fitted is None:
             raise QualityError(f"{params.store}: no PCA run {params.pca_name!r} for {params.teacher!r}")
         targets = fitted.outputs_of(Dataset.PROJECTED_TARGETS)
-        checks.extend((o, "targets", {"min_variance": params.min_variance}) for o in targets)
+        checks.extend((o, "targets", SuiteSettings(min_variance=params.min_variance)) for o in targets)
     return checks

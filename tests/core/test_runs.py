@@ -42,7 +42,7 @@ def test_list_shows_every_run_newest_first_with_its_gate_and_the_promoted_one(st
     assert [run.name for run in found if run.promoted] == ["fast"]
     assert all(run.partitions == ["2026-11-01"] for run in found)
     fast = found[-1]
-    assert fast.student_score("STS-B test") == fast.validation["sts"]["student"]["STS-B test"]
+    assert fast.student_score("STS-B test") == fast.validation.sts.student["STS-B test"]
     assert found[0].validation is None and found[0].student_score("STS-B test") is None  # stale: left out
 
     assert cli.main(["runs", "list", "--store", store]) == 0

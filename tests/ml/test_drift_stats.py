@@ -26,8 +26,8 @@ def test_a_partition_has_no_drift_from_itself():
     x = _data(300)
     profile = drift_stats.profile(TEXTS * 100, x, _projection(x))
     result = drift_stats.compare(profile, profile, threshold=0.25)
-    assert str(result["score"]) == "0.0" and not result["flagged"]  # not -0.0 either
-    assert result["components"] == dict.fromkeys(drift_stats.WEIGHTS, 0.0)
+    assert str(result.score) == "0.0" and not result.flagged  # not -0.0 either
+    assert result.components == dict.fromkeys(drift_stats.WEIGHTS, 0.0)
     assert sum(drift_stats.WEIGHTS.values()) == pytest.approx(1.0)
 
 
@@ -65,8 +65,8 @@ def test_moved_embeddings_raise_the_embedding_components():
     moved = drift_stats.profile(TEXTS * 100 + ["x"] * 100, _data(400, seed=1, shift=4.0), projection)
     same = drift_stats.profile(TEXTS * 100 + ["x"] * 100, _data(400, seed=1), projection)
     far, near = (
-        drift_stats.compare(moved, reference, 0.25)["components"],
-        drift_stats.compare(same, reference, 0.25)["components"],
+        drift_stats.compare(moved, reference, 0.25).components,
+        drift_stats.compare(same, reference, 0.25).components,
     )
     assert far["direction"] > 10 * near["direction"] and far["reconstruction"] > 10 * near["reconstruction"]
     assert far["length"] == near["length"] == 0.0 and far["vocabulary"] == near["vocabulary"] == 0.0

@@ -37,13 +37,20 @@ def test_the_model_run_comes_from_params_then_the_promotion_event():
 
 
 def _validated(passed: bool) -> StageResult:
+    baseline = {"STS-B test": 80.41, "SICK-R test": 78.03}
     stats = {
-        "sts": {"student": {"STS-B test": 61.234, "SICK-R test": 58.0}},
+        "sts": {
+            "teacher": {"STS-B test": 84.1, "SICK-R test": 80.2},
+            "teacher + PCA": {"STS-B test": 83.9, "SICK-R test": 79.8},
+            "student": {"STS-B test": 61.234, "SICK-R test": 58.0},
+            "baseline (base model + PCA)": baseline,
+        },
+        "retrieval": {"recall_at_10_vs_teacher": 0.5, "corpus_sample": 100, "stsb_pairs_ge4": 9, "mrr_stsb_ge4": 0.7},
         "gate": {
             "passed": passed,
             "reasons": ["STS-B test 61.23 < min_stsb 70.00"] if not passed else ["all checks passed"],
             "reference": "baseline",
-            "reference_scores": {"STS-B test": 80.41, "SICK-R test": 78.03},
+            "reference_scores": baseline,
         },
     }
     outputs = (Output("file:///s/validation/m/f/metrics.json", "0" * 64, None, 1),)
@@ -62,8 +69,15 @@ def test_a_failed_gate_fails_the_task_with_reasons_scores_and_report():
 
 def test_a_passed_gate_returns_the_decision_and_the_report():
     verdict = runtime.gate_verdict(_validated(passed=True))
-    assert verdict["passed"] and verdict["report"] == "file:///s/validation/m/f/report.html"
-    assert verdict["scores"]["STS-B test"] == 61.234
+    assert verdict.passed and verdict.report == "file:///s/validation/m/f/report.html"
+    assert verdict.scores["STS-B test"] == 61.234
+
+
+def test_a_validation_without_its_gate_record_is_named():
+    result = _validated(passed=True)
+    del result.stats["gate"]
+    with pytest.raises(ValueError, match="the stats of file:///s/manifests/validate/m.json: not a ValidateStats"):
+        runtime.gate_verdict(result)
 
 
 class _Outlets(dict):

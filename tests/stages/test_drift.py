@@ -130,5 +130,5 @@ def test_between_runs_compares_two_runs_training_data(prepared):
     distilled = manifest.read(prepared["store"], Stage.DISTILL, "trained")
     assert drift.between_runs(prepared["store"], distilled, None) is None
     same = drift.between_runs(prepared["store"], distilled, "trained")
-    assert same["partitions"] == same["reference_partitions"] == [TRAINED.isoformat()]
-    assert same["reference_run"] == "trained" and same["score"] == 0.0 and not same["flagged"]
+    assert same.partitions == same.reference_partitions == [TRAINED.isoformat()]
+    assert same.reference_run == "trained" and same.score == 0.0 and not same.flagged

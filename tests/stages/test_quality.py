@@ -35,7 +35,7 @@ def _embeddings(vectors, ids=None, dim=None):
 def test_clean_sentences_pass():
     good = _sentences([sentences.sentence_id(t) for t in ("a b", "c d")], ["a b", "c d"])
     result = quality.check("sentences", good, "mem://good", max_chars=100)
-    assert result["rows"] == 2 and all(e["success"] for e in result["expectations"])
+    assert result.rows == 2 and all(e.success for e in result.expectations)
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,7 @@ def test_the_stage_checks_a_partition(store_root, tmp_path, caplog):
     result = quality.run(params)
     assert result.stats == {"checks": 1, "rows": 2, "passed": True}
     [shard] = sentences.shards(store_root, DAY)
-    suite = len(quality.suite_spec("sentences")["expectations"])
+    suite = len(quality.suite_spec("sentences").expectations)
     assert f"quality: suite sentences on {shard} (2 rows): {suite} of {suite} expectations passed" in caplog.messages
     assert quality.run(params).skipped
 

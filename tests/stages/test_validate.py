@@ -107,7 +107,7 @@ def test_gate_rules_by_hand(caplog):
     params = config.parse(validate.ValidateParams, {"model_run": "x", "min_sickr": 70, "max_regression": 1.0})
     reference = {"STS-B test": 80.0, "SICK-R test": 75.0}
     ok = validate.promotion.decide({"STS-B test": 79.5, "SICK-R test": 74.5}, reference, "baseline", params)
-    assert ok["passed"]
+    assert ok.passed
     assert caplog.messages == [
         "gate STS-B test: 79.50, threshold 79.00 (the baseline's 80.00 less 1.00): pass",
         "gate SICK-R test: 74.50, threshold 70.00 (minimum): pass",
@@ -116,13 +116,13 @@ def test_gate_rules_by_hand(caplog):
     ]
     caplog.clear()
     bad = validate.promotion.decide({"STS-B test": 78.9, "SICK-R test": 69.0}, reference, "baseline", params)
-    assert not bad["passed"] and len(bad["reasons"]) == 3
+    assert not bad.passed and len(bad.reasons) == 3
     assert caplog.messages[:3] == [
         "gate STS-B test: 78.90, threshold 79.00 (the baseline's 80.00 less 1.00): FAIL",
         "gate SICK-R test: 69.00, threshold 70.00 (minimum): FAIL",
         "gate SICK-R test: 69.00, threshold 74.00 (the baseline's 75.00 less 1.00): FAIL",
     ]
-    assert caplog.messages[3] == "gate failed: " + "; ".join(bad["reasons"])
+    assert caplog.messages[3] == "gate failed: " + "; ".join(bad.reasons)
 
 
 @pytest.mark.parametrize(
@@ -216,31 +216,34 @@ def _visible_text(page: str) -> str:
 
 
 def test_report_shows_the_header_the_rules_and_a_student_below_its_baseline():
-    from tasks.stages.validate.promotion import BASELINE
+    from tasks.core.stage_records import Retrieval, StsTable
+    from tasks.stages.validate.records import ValidationReport
     from tasks.stages.validate.report import render
+    from tasks.stages.validate.scoring import Plots, TrainingCurves
 
-    sts = {
-        "teacher": {"STS-B test": 83.4213, "SICK-R test": 80.49},
-        "student": {"STS-B test": 79.94, "SICK-R test": 78.09},
-        BASELINE: {"STS-B test": 80.41, "SICK-R test": 78.03},
-    }
+    sts = StsTable(
+        teacher={"STS-B test": 83.4213, "SICK-R test": 80.49},
+        teacher_pca={"STS-B test": 82.1, "SICK-R test": 79.5},
+        student={"STS-B test": 79.94, "SICK-R test": 78.09},
+        baseline={"STS-B test": 80.41, "SICK-R test": 78.03},
+    )
     params = config.parse(validate.ValidateParams, {"model_run": "demo", "min_stsb": 75, "max_regression": 1.0})
-    gate = validate.promotion.decide(sts["student"], sts[BASELINE], "baseline", params)
-    assert gate["passed"]
-    report = {
-        "sts": sts,
-        "fidelity": {"step": 61, "val_cosine": 0.822431004619779, "val_mse": 0.0019431913067888857},
-        "retrieval": {"recall_at_10_vs_teacher": 0.4966, "corpus_sample": 2000},
-        "gate": gate,
-    }
+    gate = validate.promotion.decide(sts.student, sts.baseline, "baseline", params)
+    assert gate.passed
+    report = ValidationReport(
+        sts=sts,
+        fidelity={"step": 61, "val_cosine": 0.822431004619779, "val_mse": 0.0019431913067888857},
+        retrieval=Retrieval(recall_at_10_vs_teacher=0.4966, corpus_sample=2000, stsb_pairs_ge4=9, mrr_stsb_ge4=0.8),
+        gate=gate,
+        drift=None,
+        versus_promoted=None,
+    )
     rng = np.random.default_rng(0)
-    plots = {
-        "explained_variance_ratio": np.full(8, 0.1),
-        "losses": [(s, 0.002 - s * 1e-5) for s in range(1, 41)],
-        "evals": [{"step": s, "val_mse": 0.0021 - s * 1e-5} for s in range(0, 41, 4)],
-        "sts_scatter": (rng.random(50), rng.random(50) * 5),
-        "norms": {"teacher": np.ones(200), "student": rng.normal(4, 0.3, 200)},
-    }
+    curves = TrainingCurves(
+        [(s, 0.002 - s * 1e-5) for s in range(1, 41)], [(s, 0.0021 - s * 1e-5) for s in range(0, 41, 4)]
+    )
+    norms = {"teacher": np.ones(200), "student": rng.normal(4, 0.3, 200)}
+    plots = Plots(np.full(8, 0.1), curves, rng.random(50), rng.random(50) * 5, norms)
     header = [("model run", "demo"), ("validated", "2026-11-30 15:20 UTC"), ("code version", "git:abc")]
     page = render("Validation of demo", report, plots, [], {}, header, None)
     text = _visible_text(page)
@@ -260,10 +263,12 @@ def test_report_shows_the_header_the_rules_and_a_student_below_its_baseline():
 
 
 def test_report_marks_a_training_partition_no_quality_run_checked():
+    from tasks.stages.quality import QualityResults
     from tasks.stages.validate.report_parts import quality_section
 
     checks = [{"uri": "s3://b/s/sentences/x.parquet", "suite": "sentences", "rows": 120, "expectations": []}]
-    quality = {"ingest_date=2026-11-01": None, "ingest_date=2026-11-02": {"checks": checks, "data_docs": None}}
+    results = QualityResults(partition="ingest_date=2026-11-02", checks=checks)
+    quality = {"ingest_date=2026-11-01": None, "ingest_date=2026-11-02": results}
     text = _visible_text(quality_section(quality, "validation/run/0123456789ab/report.html"))
     assert "ingest_date=2026-11-01: no data-quality run is published ( hpd quality --ingest-date 2026-11-01 )" in text
     assert "ingest_date=2026-11-02 shard suite rows passed s3://b/s/sentences/x.parquet sentences 120 0/0" in text
@@ -271,6 +276,8 @@ def test_report_marks_a_training_partition_no_quality_run_checked():
 
 
 def test_report_warns_when_the_training_data_drifted():
+    from tasks.stages.drift import TrainingDrift
+    from tasks.stages.validate.records import DriftNotMeasured
     from tasks.stages.validate.report_parts import drift_section
 
     profile = {"rows": 500, "reconstruction_error": 0.458224}
@@ -286,10 +293,10 @@ def test_report_warns_when_the_training_data_drifted():
         "partition": profile,
         "reference": {"rows": 2000, "reconstruction_error": 0.261541},
     }
-    text = _visible_text(drift_section(drift))
+    text = _visible_text(drift_section(TrainingDrift.model_validate(drift)))
     assert text.startswith("Drift flagged: score 0.6058 reaches the threshold 0.2500.")
     assert "Partitions 2026-11-30, 2026-12-02 against those of old: 2026-11-30." in text
     assert "direction 0.6414 0.3000" in text and "reconstruction_error 0.4582 0.2615" in text
     assert _visible_text(drift_section(None)) == "No promoted model to compare with."
-    unmeasured = drift_section({"reference_run": "old", "error": "1 sentences shard(s) not encoded"})
+    unmeasured = drift_section(DriftNotMeasured(reference_run="old", error="1 sentences shard(s) not encoded"))
     assert _visible_text(unmeasured) == "Drift not measured: 1 sentences shard(s) not encoded"

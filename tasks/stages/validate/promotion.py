@@ -11,26 +11,28 @@ import logging
 
 from tasks.core import catalog, uris
 from tasks.core.catalog import Pointer
+from tasks.core.stage_records import BASELINE as BASELINE  # the STS table's row of the same-size baseline
+from tasks.core.stage_records import GATED, GateRule, GateVerdict, StsTable
 from tasks.stages.params import ValidateParams
 from tasks.stages.validate.errors import ValidateError
-
-GATED = ("STS-B test", "SICK-R test")
-BASELINE = "baseline (base model + PCA)"
 
 log = logging.getLogger(__name__)
 
 
-def reference(promoted: catalog.ModelPointer | None, sts_table: dict[str, dict[str, float]]) -> tuple[str, dict]:
+def reference(promoted: catalog.ModelPointer | None, sts_table: StsTable) -> tuple[str, dict[str, float]]:
     """(name, scores) of what the student is compared with: the promoted model, else the baseline."""
     if promoted:
         return "promoted model " + promoted.model_run, promoted.scores
-    return "baseline", sts_table[BASELINE]
+    return "baseline", sts_table.baseline
 
 
-def decide(scores: dict, reference_scores: dict, reference_name: str, params: ValidateParams) -> dict:
+def decide(
+    scores: dict[str, float], reference_scores: dict[str, float], reference_name: str, params: ValidateParams
+) -> GateVerdict:
     """The promotion decision: minima and no regression beyond the margin, with every reason; each rule's
     value, threshold and outcome is logged, and the decision."""
-    reasons, rules = [], []
+    reasons: list[str] = []
+    rules: list[GateRule] = []
     for name, minimum in zip(GATED, (params.min_stsb, params.min_sickr), strict=True):
         score = scores[name]
         for threshold, rule, failure in _rules(name, score, minimum, reference_scores[name], reference_name, params):
@@ -39,19 +41,17 @@ def decide(scores: dict, reference_scores: dict, reference_name: str, params: Va
                 "gate %s: %.2f, threshold %.2f (%s): %s", name, score, threshold, rule, "FAIL" if failed else "pass"
             )
             kind = "minimum" if rule == "minimum" else "regression"
-            rules.append(
-                {"score": name, "rule": kind, "value": score, "threshold": round(threshold, 4), "passed": not failed}
-            )
+            rules.append(GateRule(score=name, rule=kind, value=score, threshold=round(threshold, 4), passed=not failed))
             if failed:
                 reasons.append(failure)
-    decision = {
-        "passed": not reasons,
-        "reasons": reasons or ["all checks passed"],
-        "reference": reference_name,
-        "reference_scores": {n: reference_scores[n] for n in GATED},
-        "rules": rules,
-    }
-    log.info("gate %s: %s", "passed" if not reasons else "failed", "; ".join(decision["reasons"]))
+    decision = GateVerdict(
+        passed=not reasons,
+        reasons=reasons or ["all checks passed"],
+        reference=reference_name,
+        reference_scores={n: reference_scores[n] for n in GATED},
+        rules=rules,
+    )
+    log.info("gate %s: %s", "passed" if not reasons else "failed", "; ".join(decision.reasons))
     return decision
 
 
@@ -65,7 +65,7 @@ def _rules(
     return [*rules, (reference - margin, f"the {reference_name}'s {reference:.2f} less {margin:.2f}", regression)]
 
 
-def promote_model(store: str, model_run: str, scores: dict, manifest_uri: str, etag: str | None) -> None:
+def promote_model(store: str, model_run: str, scores: dict[str, float], manifest_uri: str, etag: str | None) -> None:
     """Point ``models/current.json`` at ``model_run``, unless another promotion happened since ``etag``."""
     try:
         catalog.move_pointer(store, catalog.ModelPointer(model_run, scores, manifest_uri), etag)

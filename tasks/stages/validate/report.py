@@ -6,11 +6,13 @@ import base64
 import html
 import io
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tasks.core.manifest import Input
+from tasks.core.stage_records import StsTable
+from tasks.stages.validate.records import Fidelity, ValidationReport
 from tasks.stages.validate.report_parts import (
     below_baseline,
     drift_section,
@@ -22,6 +24,10 @@ from tasks.stages.validate.report_parts import (
     table,
     versus_section,
 )
+from tasks.stages.validate.scoring import Plots
+
+if TYPE_CHECKING:
+    from tasks.stages.quality import QualityResults
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2rem;max-width:70rem;color:#222}
 table{border-collapse:collapse;margin:1rem 0}td,th{border:1px solid #bbb;padding:.3rem .6rem;text-align:right}
@@ -49,27 +55,26 @@ def _png(draw, panels: int = 1) -> str:
 
 def render(  # noqa: PLR0913 - the report's parts
     title: str,
-    report: dict,
-    plots: dict,
+    report: ValidationReport,
+    plots: Plots,
     lineage: list[Input],
-    quality: dict[str, dict | None],
+    quality: dict[str, QualityResults | None],
     header: list[tuple[str, str]],
     report_key: str | None,
 ) -> str:
-    """HTML for a validation run. ``plots`` holds ``explained_variance_ratio``, ``losses`` [(step, loss)],
-    ``evals`` [{step, val_mse}], ``sts_scatter`` (predicted, gold) and ``norms`` {name: array}; ``quality`` the
-    quality results of each partition the model learnt from (None: not checked); ``header`` the (label, value)
-    rows naming the run; ``report_key`` where the page is published in the store (links to other objects of the
-    store are relative to it, so they hold in a copy). Numbers are rounded; metrics.json keeps them unrounded."""
-    measured = _fidelity_rows(report.get("fidelity") or {})
-    measured += [[f"retrieval {k}", metric(v)] for k, v in report["retrieval"].items()]
+    """HTML for a validation run. ``quality``: the quality results of each partition the model learnt from (None:
+    not checked); ``header``: the (label, value) rows naming the run; ``report_key``: where the page is published
+    in the store (links to other objects of the store are relative to it, so they hold in a copy). Numbers are
+    rounded; metrics.json keeps them unrounded."""
+    measured = _fidelity_rows(Fidelity.model_validate(report.fidelity or {}))
+    measured += [[f"retrieval {k}", metric(v)] for k, v in report.retrieval.model_dump().items()]
     sections = [
         f"<h1>{html.escape(title)}</h1>",
         header_table(header),
         "<h2>Quality gate</h2>",
-        gate_section(report["gate"], report["sts"]),
+        gate_section(report.gate, report.sts),
         "<h2>STS (Spearman ×100 of cosine similarity)</h2>",
-        _sts_table(report["sts"]),
+        _sts_table(report.sts),
         "<h2>Distillation fidelity and retrieval</h2>",
         table(["metric", "value"], measured),
         "<h2>Plots</h2>",
@@ -78,9 +83,9 @@ def render(  # noqa: PLR0913 - the report's parts
             for caption, draw, panels in _figures(plots)
         ),
         "<h2>Against the promoted model</h2>",
-        versus_section(report.get("versus_promoted")),
+        versus_section(report.versus_promoted),
         "<h2>Drift of the training data from the promoted model's</h2>",
-        drift_section(report.get("drift")),
+        drift_section(report.drift),
         "<h2>Data quality of the training partitions (great-expectations)</h2>",
         quality_section(quality, report_key),
         "<h2>Lineage</h2>",
@@ -91,22 +96,23 @@ def render(  # noqa: PLR0913 - the report's parts
 <style>{STYLE}</style></head><body>{"".join(sections)}</body></html>"""
 
 
-def _fidelity_rows(fidelity: dict[str, Any]) -> list[list[str]]:
+def _fidelity_rows(fidelity: Fidelity) -> list[list[str]]:
     """The exported weights' fidelity to the targets, then each scored blend's, rounded like the rest."""
-    rows = [[f"fidelity {k}", metric(v)] for k, v in fidelity.items() if k != "blends"]
-    for blend in fidelity.get("blends", []):
-        scores = ", ".join(f"{k} {metric(v)}" for k, v in blend.items() if k not in ("blend", "step"))
-        rows.append([f"fidelity of the blend {blend['blend']:g} (initial toward step {blend['step']})", scores])
+    rows = [[f"fidelity {k}", metric(v)] for k, v in fidelity.scores().items()]
+    for blend in fidelity.blends:
+        scores = ", ".join(f"{k} {metric(v)}" for k, v in blend.scores().items())
+        rows.append([f"fidelity of the blend {blend.blend:g} (initial toward step {blend.step})", scores])
     return rows
 
 
-def _sts_table(sts: dict[str, dict[str, float]]) -> str:
+def _sts_table(sts: StsTable) -> str:
     """Scores to 2 decimals; the student's cells below its same-size baseline are shaded and titled so."""
-    sets = list(next(iter(sts.values())))
+    table = sts.rows()
+    sets = list(next(iter(table.values())))
     below = below_baseline(sts)
     head = "".join(f"<th>{html.escape(h)}</th>" for h in ["model", *sets])
     rows = ""
-    for name, row in sts.items():
+    for name, row in table.items():
         cells = ""
         for s in sets:
             marked = name == "student" and s in below
@@ -116,24 +122,24 @@ def _sts_table(sts: dict[str, dict[str, float]]) -> str:
     return f"<table><tr>{head}</tr>{rows}</table>"
 
 
-def _figures(plots: dict) -> list[tuple[str, Callable[[Any], None], int]]:
+def _figures(plots: Plots) -> list[tuple[str, Callable[[Any], None], int]]:
     """(caption, painter, panels) of each plot."""
-    ratio = np.cumsum(plots["explained_variance_ratio"])
-    norms = {name: np.asarray(v, dtype=np.float64) for name, v in plots["norms"].items()}
+    ratio = np.cumsum(plots.explained_variance_ratio)
+    norms = {name: np.asarray(v, dtype=np.float64) for name, v in plots.norms.items()}
 
     def variance(ax: Any) -> None:
         ax.plot(np.arange(1, len(ratio) + 1), ratio)
         ax.set(xlabel="components", ylabel="ratio")
 
     def losses(ax: Any) -> None:
-        ax.plot(*zip(*plots["losses"], strict=True), label="training (per step)")
-        evals = plots["evals"]
-        ax.plot([e["step"] for e in evals], [e["val_mse"] for e in evals], "o-", label="validation")
+        ax.plot(*zip(*plots.curves.losses, strict=True), label="training (per step)")
+        evals = plots.curves.evals
+        ax.plot([step for step, _ in evals], [mse for _, mse in evals], "o-", label="validation")
         ax.set(xlabel="step", ylabel="MSE")
         ax.legend()
 
     def scatter(ax: Any) -> None:
-        ax.scatter(plots["sts_scatter"][1], plots["sts_scatter"][0], s=4, alpha=0.4)
+        ax.scatter(plots.sts_gold, plots.sts_cosine, s=4, alpha=0.4)
         ax.set(xlabel="gold score", ylabel="cosine")
 
     def histogram(axes: Any) -> None:  # one panel per model, own bins and counts: neither hides the other

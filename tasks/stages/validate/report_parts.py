@@ -8,10 +8,16 @@ from __future__ import annotations
 import html
 import posixpath
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tasks.core import lineage, manifest
-from tasks.stages.validate.promotion import BASELINE, GATED
+from tasks.core.stage_records import GATED, GateVerdict, StsTable
+from tasks.stages.drift import TrainingDrift
+from tasks.stages.params import DistillParams
+from tasks.stages.validate.records import DriftNotMeasured, NotCompared, VersusPromoted
+
+if TYPE_CHECKING:
+    from tasks.stages.quality import CheckResult, QualityResults
 
 
 def score(value: float) -> str:
@@ -37,18 +43,18 @@ def when(timestamp: str | None) -> str:
 
 def run_header(store: str, distilled: manifest.Manifest, validated_at: str) -> list[tuple[str, str]]:
     """(label, value) rows naming what was validated: the model run, when, by which code, from which inputs."""
-    params = distilled.params
+    trained = DistillParams.model_validate(distilled.params)
     partitions = lineage.partitions_read(store, distilled)
-    layers = params.get("student_layers")
+    layers = trained.student_layers
     return [
         ("model run", distilled.key),
         ("validated", when(validated_at)),
         ("trained", when(distilled.document.get("ended_at"))),
         ("code version", manifest.code_version()),
         ("trained on partitions", ", ".join(str(d) for d in sorted(partitions)) or "–"),
-        ("teacher", str(params.get("teacher"))),
-        ("student", str(params.get("student")) + (f" (first {layers} layers)" if layers else "")),
-        ("PCA", str(params.get("pca_name"))),
+        ("teacher", trained.teacher),
+        ("student", trained.student + (f" (first {layers} layers)" if layers else "")),
+        ("PCA", trained.pca_name),
     ]
 
 
@@ -64,52 +70,52 @@ def header_table(rows: list[tuple[str, str]]) -> str:
     return f'<table id="run">{body}</table>'
 
 
-def below_baseline(sts: dict[str, dict[str, float]]) -> dict[str, float]:
+def below_baseline(sts: StsTable) -> dict[str, float]:
     """Gated pair set -> points by which the student falls below its same-size baseline (where it does)."""
-    student, baseline = sts.get("student", {}), sts.get(BASELINE, {})
+    student, baseline = sts.student, sts.baseline
     return {s: baseline[s] - student[s] for s in GATED if s in student and s in baseline and student[s] < baseline[s]}
 
 
-def gate_section(gate: dict, sts: dict[str, dict[str, float]]) -> str:
+def gate_section(gate: GateVerdict, sts: StsTable) -> str:
     """The verdict, a warning for each gated score below the same-size baseline, and the table of rules."""
     below = below_baseline(sts)
-    if gate["passed"]:
+    if gate.passed:
         verdict = '<p class="pass">Quality gate: passed (every rule met)</p>'
     else:
-        reasons = "".join(f"<li>{html.escape(r)}</li>" for r in gate["reasons"])
+        reasons = "".join(f"<li>{html.escape(r)}</li>" for r in gate.reasons)
         verdict = f'<p class="fail">Quality gate: failed</p><ul>{reasons}</ul>'
     warnings = "".join(
         f'<p class="warn">Warning: the student is below its same-size baseline by {score(points)} points on '
-        f"{html.escape(name)} ({score(sts['student'][name])} against {score(sts[BASELINE][name])}).</p>"
+        f"{html.escape(name)} ({score(sts.student[name])} against {score(sts.baseline[name])}).</p>"
         for name, points in below.items()
     )
     return verdict + warnings + _rules_table(gate)
 
 
-def drift_section(drift: dict | None) -> str:
+def drift_section(drift: TrainingDrift | DriftNotMeasured | None) -> str:
     """The drift score of the run's training data against the promoted model's, its components and both
     profiles' statistics; a warning when it is flagged."""
     if drift is None:
         return "<p>No promoted model to compare with.</p>"
-    if "error" in drift:
-        return f'<p class="warn">Drift not measured: {html.escape(drift["error"])}</p>'
+    if isinstance(drift, DriftNotMeasured):
+        return f'<p class="warn">Drift not measured: {html.escape(drift.error)}</p>'
     verdict = (
-        f'<p class="warn">Drift flagged: score {metric(drift["score"])} reaches the threshold '
-        f"{metric(drift['threshold'])}.</p>"
-        if drift["flagged"]
-        else f"<p>Drift score {metric(drift['score'])}, below the threshold {metric(drift['threshold'])}.</p>"
+        f'<p class="warn">Drift flagged: score {metric(drift.score)} reaches the threshold '
+        f"{metric(drift.threshold)}.</p>"
+        if drift.flagged
+        else f"<p>Drift score {metric(drift.score)}, below the threshold {metric(drift.threshold)}.</p>"
     )
     compared = (
-        f"<p>Partitions {html.escape(', '.join(drift['partitions']))} against those of "
-        f"{html.escape(drift['reference_run'])}: {html.escape(', '.join(drift['reference_partitions']))}.</p>"
+        f"<p>Partitions {html.escape(', '.join(drift.partitions))} against those of "
+        f"{html.escape(drift.reference_run)}: {html.escape(', '.join(drift.reference_partitions))}.</p>"
     )
     components = "".join(
-        f"<tr><td>{html.escape(name)}</td><td>{metric(value)}</td><td>{metric(drift['weights'][name])}</td></tr>"
-        for name, value in drift["components"].items()
+        f"<tr><td>{html.escape(name)}</td><td>{metric(value)}</td><td>{metric(drift.weights[name])}</td></tr>"
+        for name, value in drift.components.items()
     )
     statistics = "".join(
-        f"<tr><td>{html.escape(name)}</td><td>{metric(value)}</td><td>{metric(drift['reference'][name])}</td></tr>"
-        for name, value in drift["partition"].items()
+        f"<tr><td>{html.escape(name)}</td><td>{metric(value)}</td><td>{metric(drift.reference[name])}</td></tr>"
+        for name, value in drift.partition.items()
     )
     return (
         verdict
@@ -120,26 +126,25 @@ def drift_section(drift: dict | None) -> str:
     )
 
 
-def _rules_table(gate: dict) -> str:
-    rules = gate.get("rules")
-    if not rules:
+def _rules_table(gate: GateVerdict) -> str:
+    if not gate.rules:
         return "<p>No rule details recorded.</p>"
-    reference = html.escape(gate.get("reference", "reference"))
+    reference = html.escape(gate.reference)
     head = "".join(f"<th>{h}</th>" for h in ("score", "rule", "threshold", "value", "margin", "result"))
     body = ""
-    for rule in rules:
-        what = "minimum" if rule["rule"] == "minimum" else f"no regression below the {reference}"
-        outcome = "pass" if rule["passed"] else "fail"
-        cells = [score(rule["threshold"]), score(rule["value"]), f"{rule['value'] - rule['threshold']:+.2f}"]
+    for rule in gate.rules:
+        what = "minimum" if rule.rule == "minimum" else f"no regression below the {reference}"
+        outcome = "pass" if rule.passed else "fail"
+        cells = [score(rule.threshold), score(rule.value), f"{rule.margin:+.2f}"]
         body += (
-            f"<tr><td>{html.escape(rule['score'])}</td><td>{what}</td>"
+            f"<tr><td>{html.escape(rule.score)}</td><td>{what}</td>"
             + "".join(f"<td>{c}</td>" for c in cells)
             + f'<td class="{outcome}">{outcome}</td></tr>'
         )
     return f'<table id="gate-rules"><tr>{head}</tr>{body}</table>'
 
 
-def quality_section(quality: dict[str, dict | None], report_key: str | None) -> str:
+def quality_section(quality: dict[str, QualityResults | None], report_key: str | None) -> str:
     """Per partition the model learnt from, its quality run's checks and a link to its Data Docs (relative to
     the report, ``report_key``, so it holds in a copied store); a partition no quality run checked is marked."""
     if not quality:
@@ -153,40 +158,37 @@ def quality_section(quality: dict[str, dict | None], report_key: str | None) -> 
                 f"(<code>hpd quality --ingest-date {html.escape(day)}</code>).</p>"
             )
             continue
-        docs = results.get("data_docs")
         link = ""
-        if docs and report_key:
-            href = posixpath.relpath(docs, posixpath.dirname(report_key))
+        if results.data_docs and report_key:
+            href = posixpath.relpath(results.data_docs, posixpath.dirname(report_key))
             link = f' <a class="data-docs" href="{html.escape(href)}">Data Docs</a>'
-        rows = [
-            [
-                c["uri"],
-                c["suite"],
-                metric(c["rows"]),
-                f"{sum(e['success'] for e in c['expectations'])}/{len(c['expectations'])}",
-            ]
-            for c in results["checks"]
-        ]
+        rows = [_check_row(c) for c in results.checks]
         parts.append(f"<h3>{html.escape(partition)}{link}</h3>" + table(["shard", "suite", "rows", "passed"], rows))
     return "".join(parts)
 
 
-def versus_section(versus: dict[str, Any] | None) -> str:
+def _check_row(check: CheckResult) -> list[str]:
+    """A suite's results on a shard: the shard, the suite, its rows and how many expectations passed."""
+    passed = sum(e.success for e in check.expectations)
+    return [check.uri, check.suite, metric(check.rows), f"{passed}/{len(check.expectations)}"]
+
+
+def versus_section(versus: VersusPromoted | NotCompared | None) -> str:
     """The run against the promoted one: STS deltas, neighbour agreement, and every row of ``hpd runs compare``
     that differs (this run, the promoted one)."""
     if versus is None:
         return "<p>No other model is promoted: nothing to compare with.</p>"
-    if "error" in versus:
-        return f'<p class="warn">Not compared with {html.escape(versus["run"])}: {html.escape(versus["error"])}</p>'
-    run = html.escape(versus["run"])
-    deltas = ", ".join(f"{html.escape(s)} {d:+.2f}" for s, d in versus["sts_delta"].items())
+    if isinstance(versus, NotCompared):
+        return f'<p class="warn">Not compared with {html.escape(versus.run)}: {html.escape(versus.error)}</p>'
+    run = html.escape(versus.run)
+    deltas = ", ".join(f"{html.escape(s)} {d:+.2f}" for s, d in versus.sts_delta.items())
     lines = [f"<p>Compared with the promoted run <b>{run}</b>. Student STS, this run minus promoted: {deltas}.</p>"]
-    if neighbours := versus.get("neighbours"):
+    if neighbours := versus.neighbours:
         lines.append(
-            f"<p>Neighbour overlap@10: {metric(neighbours['overlap_at_10'])} (share of each of "
-            f"{neighbours['queries']} corpus sentences' 10 nearest that both students return).</p>"
+            f"<p>Neighbour overlap@10: {metric(neighbours.overlap_at_10)} (share of each of "
+            f"{neighbours.queries} corpus sentences' 10 nearest that both students return).</p>"
         )
-    rows = [[row["name"], _cell(row["a"]), _cell(row["b"])] for row in versus["differences"]]
+    rows = [[row.name, _cell(row.a), _cell(row.b)] for row in versus.differences]
     lines.append(table(["differs", "this run", run], rows, ' id="versus"'))
     return "".join(lines)
 

@@ -16,17 +16,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from tasks.core import catalog, manifest, parquet_shards, sentences, storage
 from tasks.core.catalog import Stage
+from tasks.core.stage_records import BASELINE, Record, Retrieval, StsTable
 from tasks.ml import metrics, sts
 from tasks.stages import encode_teacher
 from tasks.stages.params import DistillParams, ValidateParams
 from tasks.stages.validate.errors import ValidateError
-from tasks.stages.validate.promotion import BASELINE
+from tasks.stages.validate.records import NeighbourOverlap
+
+if TYPE_CHECKING:
+    from tasks.stages.quality import QualityResults
 
 Encode = Callable[[list[str]], np.ndarray]
 
@@ -38,12 +42,50 @@ class CorpusSample:
     teacher_vectors: np.ndarray
 
 
+class _Loss(Record):
+    """A line of a distill run's ``losses.jsonl``: the training loss at one step."""
+
+    step: int
+    loss: float
+
+
+class _Evaluation(Record):
+    """An evaluation in a distill run's ``metrics.json``: the validation MSE at one step (its other scores unused)."""
+
+    step: int
+    val_mse: float
+
+
+class _DistillMetrics(Record):
+    evals: list[_Evaluation]
+
+
+@dataclass(frozen=True)
+class TrainingCurves:
+    """(step, training loss) of each step and (step, validation MSE) of each evaluation of a distill run."""
+
+    losses: list[tuple[int, float]]
+    evals: list[tuple[int, float]]
+
+
+@dataclass(frozen=True)
+class Plots:
+    """What the report plots: the PCA's explained variance ratio, the training curves, the student's STS-B test
+    cosines against the gold scores, and the L2 norms of the corpus sample's embeddings by model."""
+
+    explained_variance_ratio: np.ndarray
+    curves: TrainingCurves
+    sts_cosine: np.ndarray
+    sts_gold: np.ndarray
+    norms: dict[str, np.ndarray]
+
+
 @dataclass(frozen=True)
 class Measurements:
-    sts: dict[str, dict[str, float]]  # encoder -> pair set -> score
-    retrieval: dict[str, Any]
-    plots: dict[str, Any]
-    neighbours_vs_promoted: dict[str, Any] | None = None
+    sts: StsTable
+    retrieval: Retrieval
+    plots: Plots
+    neighbours_vs_promoted: NeighbourOverlap | None = None
 
 
 def measure(
@@ -59,18 +101,21 @@ def measure(
     with tempfile.TemporaryDirectory() as scratch:
         model = SentenceEncoder.load(str(student.fetch_exported(params.store, params.model_run, Path(scratch))))
         encoders, explained = _encoders(params, trained, model, corpus.texts)
-        table = {name: {p.name: round(sts.score(encode, p), 2) for p in pair_sets} for name, encode in encoders.items()}
+        table = StsTable.model_validate(
+            {name: {p.name: round(sts.score(encode, p), 2) for p in pair_sets} for name, encode in encoders.items()}
+        )
         student_corpus = model.encode(corpus.texts)
         stsb = pair_sets[0]
-        plots = {
-            "explained_variance_ratio": explained,
-            "sts_scatter": (sts.cosine(model.encode(stsb.first), model.encode(stsb.second)), stsb.scores),
-            "norms": {
+        plots = Plots(
+            explained_variance_ratio=explained,
+            curves=training_curves(distilled),
+            sts_cosine=sts.cosine(model.encode(stsb.first), model.encode(stsb.second)),
+            sts_gold=stsb.scores,
+            norms={
                 "teacher": np.linalg.norm(corpus.teacher_vectors, axis=1),
                 "student": np.linalg.norm(student_corpus, axis=1),
             },
-            **training_curves(distilled),
-        }
+        )
         found = metrics.nearest(student_corpus, student_corpus, 10, exclude_self=True)  # each sample row's 10 nearest
         overlap = None
         if promoted_run is not None:
@@ -80,7 +125,7 @@ def measure(
 
 def _neighbour_overlap(
     store: str, promoted_run: str, found: np.ndarray, texts: list[str], scratch: Path
-) -> dict[str, Any]:
+) -> NeighbourOverlap:
     """The mean share of each sample sentence's 10 nearest sample sentences (``found``, by this run's student)
     that the promoted run's student also ranks among its 10 nearest (1: the same neighbours)."""
     from tasks.ml import student
@@ -89,7 +134,7 @@ def _neighbour_overlap(
     promoted = SentenceEncoder.load(str(student.fetch_exported(store, promoted_run, scratch / "promoted")))
     theirs = promoted.encode(texts)
     overlap = metrics.recall_at_k(found, metrics.nearest(theirs, theirs, 10, exclude_self=True))
-    return {"run": promoted_run, "overlap_at_10": round(overlap, 4), "queries": len(texts)}
+    return NeighbourOverlap(run=promoted_run, overlap_at_10=round(overlap, 4), queries=len(texts))
 
 
 def _encoders(
@@ -122,28 +167,31 @@ def _encoders(
     }, projection.explained_variance_ratio
 
 
-def _retrieval(encode: Encode, found: np.ndarray, corpus: CorpusSample, stsb: sts.PairSet) -> dict:
+def _retrieval(encode: Encode, found: np.ndarray, corpus: CorpusSample, stsb: sts.PairSet) -> Retrieval:
     """Recall@10 of the student's neighbours ``found`` against the teacher's, and MRR of STS-B pairs >= 4."""
     truth = metrics.nearest(corpus.teacher_vectors, corpus.teacher_vectors, 10, exclude_self=True)
     close = stsb.scores >= 4.0
     candidates = sorted(set(np.array(stsb.second)[close]))
     answers = np.array([candidates.index(s) for s in np.array(stsb.second)[close]])
-    return {
-        "recall_at_10_vs_teacher": round(metrics.recall_at_k(found, truth), 4),
-        "corpus_sample": len(corpus.ids),
-        "stsb_pairs_ge4": int(close.sum()),
-        "mrr_stsb_ge4": round(
+    return Retrieval(
+        recall_at_10_vs_teacher=round(metrics.recall_at_k(found, truth), 4),
+        corpus_sample=len(corpus.ids),
+        stsb_pairs_ge4=int(close.sum()),
+        mrr_stsb_ge4=round(
             metrics.mean_reciprocal_rank(encode(list(np.array(stsb.first)[close])), encode(candidates), answers), 4
         ),
-    }
+    )
 
 
-def training_curves(distilled: manifest.Manifest) -> dict:
+def training_curves(distilled: manifest.Manifest) -> TrainingCurves:
     """Per-step training losses and the validation evaluations of a distill run, from its outputs."""
-    lines = _read_output(distilled.output_named("losses.jsonl")).decode().splitlines()
-    losses = [json.loads(line) for line in lines]
-    evals = json.loads(_read_output(distilled.output_named("metrics.json")))["evals"]
-    return {"losses": [(item["step"], item["loss"]) for item in losses] or [(0, np.nan)], "evals": evals}
+    losses_output, metrics_output = distilled.output_named("losses.jsonl"), distilled.output_named("metrics.json")
+    lines = _read_output(losses_output).decode().splitlines()
+    losses = [_Loss.parse(json.loads(line), losses_output.uri) for line in lines]
+    evals = _DistillMetrics.parse(json.loads(_read_output(metrics_output)), metrics_output.uri).evals
+    return TrainingCurves(
+        [(item.step, item.loss) for item in losses] or [(0, np.nan)], [(e.step, e.val_mse) for e in evals]
+    )
 
 
 def _read_output(output: manifest.Output) -> bytes:
@@ -173,14 +221,18 @@ def corpus_sample(store: str, teacher: str, size: int) -> CorpusSample:
     return CorpusSample(ids, texts, np.concatenate(vectors))
 
 
-def quality_results(store: str, days: set[date]) -> dict[str, dict | None]:
+def quality_results(store: str, days: set[date]) -> dict[str, QualityResults | None]:
     """Per partition key of ``days`` (those the model learnt from), the results its published quality run
-    recorded (``checks``, and where its Data Docs are), None where no quality run is published."""
-    results: dict[str, dict | None] = {}
+    recorded (its checks, and where its Data Docs are), None where no quality run is published."""
+    from tasks.stages.quality import QualityResults  # pandas and pyarrow: only when a report is written
+
+    results: dict[str, QualityResults | None] = {}
     for day in sorted(days):
         key = catalog.partition_key(day)
         published = manifest.read(store, Stage.QUALITY, key)
-        results[key] = (
-            None if published is None else json.loads(_read_output(published.output_named(catalog.QUALITY_RESULTS)))
-        )
+        if published is None:
+            results[key] = None
+            continue
+        output = published.output_named(catalog.QUALITY_RESULTS)
+        results[key] = QualityResults.parse(json.loads(_read_output(output)), output.uri)
     return results

@@ -7,12 +7,14 @@ import logging
 
 from tasks.core import catalog, lineage, manifest, storage, uris
 from tasks.core.catalog import Pointer, Stage
+from tasks.core.stage_records import ValidateStats
 from tasks.ml import sts
 from tasks.stages import drift
 from tasks.stages.params import ValidateParams
 from tasks.stages.validate import promotion, scoring, versus
 from tasks.stages.validate.errors import ValidateError
 from tasks.stages.validate.pairs import read_pairs
+from tasks.stages.validate.records import DriftNotMeasured, ValidationReport
 
 log = logging.getLogger(__name__)
 
@@ -37,38 +39,41 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     other = promoted.model_run if promoted and promoted.model_run != params.model_run else None
     with stage_run.phase("encode_and_score"):
         measured = scoring.measure(params, distilled, pair_sets, other)
-    _log_measurements(params.model_run, measured, distilled.stats.get("exported"))
+    fidelity = distilled.stats.get("exported")
+    _log_measurements(params.model_run, measured, fidelity)
     with stage_run.phase("drift"):
         training_drift = _training_drift(params.store, distilled, promoted.model_run if promoted else None)
     reference_name, reference_scores = promotion.reference(promoted, measured.sts)
-    decision = promotion.decide(measured.sts["student"], reference_scores, reference_name, params)
-    report = {
-        "sts": measured.sts,
-        "fidelity": distilled.stats.get("exported"),
-        "retrieval": measured.retrieval,
-        "gate": decision,
-        "drift": training_drift,
-    }
-    report["versus_promoted"] = versus.against_promoted(
-        params.store,
-        distilled,
-        report,
-        manifest.recorded_params(stage_run.params),
-        measured.neighbours_vs_promoted,
-        promoted,
+    decision = promotion.decide(measured.sts.student, reference_scores, reference_name, params)
+    report = ValidationReport(
+        sts=measured.sts,
+        fidelity=fidelity,
+        retrieval=measured.retrieval,
+        gate=decision,
+        drift=training_drift,
+        versus_promoted=versus.against_promoted(
+            params.store,
+            distilled,
+            ValidateStats(sts=measured.sts, retrieval=measured.retrieval, gate=decision),
+            manifest.recorded_params(stage_run.params),
+            measured.neighbours_vs_promoted,
+            promoted,
+        ),
     )
     _write_report(stage_run, distilled, report, measured.plots)
-    stage_run.stats = report
+    stage_run.stats = report.model_dump()
     result = stage_run.publish()
-    if decision["passed"] and params.promote:
-        promotion.promote_model(params.store, params.model_run, measured.sts["student"], stage_run.uri, promoted_etag)
+    if decision.passed and params.promote:
+        promotion.promote_model(params.store, params.model_run, measured.sts.student, stage_run.uri, promoted_etag)
     else:
         why = "the gate failed" if params.promote else "promote is off"
         log.info("validate %s: not promoted (%s)", params.model_run, why)
     return result
 
 
-def _write_report(stage_run: manifest.StageRun, distilled: manifest.Manifest, report: dict, plots: dict) -> None:
+def _write_report(
+    stage_run: manifest.StageRun, distilled: manifest.Manifest, report: ValidationReport, plots: scoring.Plots
+) -> None:
     """``metrics.json`` (unrounded) and ``report.html`` of the validation, as the run's outputs."""
     from tasks.stages.validate.report import render
     from tasks.stages.validate.report_parts import run_header
@@ -84,25 +89,28 @@ def _write_report(stage_run: manifest.StageRun, distilled: manifest.Manifest, re
         run_header(store, distilled, stage_run.started_at),
         catalog.store_key(store, storage.join(prefix, "report.html")),
     )
-    stage_run.write_output(storage.join(prefix, "metrics.json"), json.dumps(report, indent=2).encode())
+    stage_run.write_output(storage.join(prefix, "metrics.json"), json.dumps(report.model_dump(), indent=2).encode())
     stage_run.write_output(storage.join(prefix, "report.html"), page.encode())
     log.info("validate %s: report %s", model_run, uris.redact(storage.join(prefix, "report.html")))
 
 
-def _training_drift(store: str, distilled: manifest.Manifest, promoted_run: str | None) -> dict | None:
+def _training_drift(
+    store: str, distilled: manifest.Manifest, promoted_run: str | None
+) -> drift.TrainingDrift | DriftNotMeasured | None:
     """The drift of the run's training data from the promoted model's; what kept it from being measured (a
     reference partition the run's teacher never encoded, say) is reported, and fails nothing."""
     try:
         return drift.between_runs(store, distilled, promoted_run)
     except drift.DriftError as exc:
         log.warning("validate %s: drift not measured: %s", distilled.key, exc)
-        return {"reference_run": promoted_run, "error": str(exc)}
+        return DriftNotMeasured(reference_run=promoted_run, error=str(exc))
 
 
 def _log_measurements(model_run: str, measured: scoring.Measurements, fidelity: dict | None) -> None:
     """Each encoder's STS scores, the distillation fidelity and the retrieval checks."""
-    for encoder, scores in measured.sts.items():
+    for encoder, scores in measured.sts.rows().items():
         shown = ", ".join(f"{pair_set} {score:.2f}" for pair_set, score in scores.items())
         log.info("validate %s: STS of %s: %s", model_run, encoder, shown)
     log.info("validate %s: fidelity of the exported weights %s", model_run, fidelity)
-    log.info("validate %s: retrieval %s", model_run, ", ".join(f"{k}={v}" for k, v in measured.retrieval.items()))
+    retrieval = measured.retrieval.model_dump().items()
+    log.info("validate %s: retrieval %s", model_run, ", ".join(f"{k}={v}" for k, v in retrieval))

@@ -5,11 +5,11 @@ that differ (params, input partitions, metrics, gate margins, durations)."""
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, replace
 from typing import Any
 
 from tasks.core import catalog, manifest, runs
-from tasks.stages.validate.promotion import GATED
+from tasks.core.stage_records import GATED, ValidateStats
+from tasks.stages.validate.records import NeighbourOverlap, NotCompared, VersusPromoted
 
 log = logging.getLogger(__name__)
 
@@ -17,12 +17,12 @@ log = logging.getLogger(__name__)
 def against_promoted(  # noqa: PLR0913 - what a comparison is made of, each needed
     store: str,
     distilled: manifest.Manifest,
-    report: dict[str, Any],
+    measured: ValidateStats,
     params: dict[str, Any],
-    neighbours: dict[str, Any] | None,
+    neighbours: NeighbourOverlap | None,
     promoted: catalog.ModelPointer | None,
-) -> dict[str, Any] | None:
-    """The comparison of the run being validated (``report``: its measurements and gate decision so far,
+) -> VersusPromoted | NotCompared | None:
+    """The comparison of the run being validated (``measured``: its measurements and gate decision,
     ``params``: the validation's, as its manifest will record them) with the promoted run; None when nothing
     else is promoted. A promoted run whose manifests are gone is reported as such."""
     if promoted is None or promoted.model_run == distilled.key:
@@ -31,17 +31,19 @@ def against_promoted(  # noqa: PLR0913 - what a comparison is made of, each need
         theirs = runs.read_run(store, promoted.model_run, promoted.model_run)
     except manifest.ManifestError as exc:
         log.warning("validate %s: not compared with the promoted run: %s", distilled.key, exc)
-        return {"run": promoted.model_run, "error": str(exc)}
-    measured = {"sts": report["sts"], "retrieval": report["retrieval"], "gate": report["gate"], "timings": {}}
-    ours = replace(
-        runs.read_run(store, distilled.key, promoted.model_run),
-        gate=runs.PASSED if report["gate"]["passed"] else runs.FAILED,
-        validation={**measured, "params": params},
+        return NotCompared(run=promoted.model_run, error=str(exc))
+    ours = runs.read_run(store, distilled.key, promoted.model_run).model_copy(
+        update={
+            "gate": runs.PASSED if measured.gate.passed else runs.FAILED,
+            "validation": runs.Validation(
+                sts=measured.sts, retrieval=measured.retrieval, gate=measured.gate, params=params, timings={}
+            ),
+        }
     )
-    student = report["sts"]["student"]
-    return {
-        "run": promoted.model_run,
-        "sts_delta": {s: round(student[s] - promoted.scores[s], 2) for s in GATED if s in promoted.scores},
-        "neighbours": neighbours,
-        "differences": [asdict(row) for row in runs.compare_runs(ours, theirs).rows if row.differs],
-    }
+    student = measured.sts.student
+    return VersusPromoted(
+        run=promoted.model_run,
+        sts_delta={s: round(student[s] - promoted.scores[s], 2) for s in GATED if s in promoted.scores},
+        neighbours=neighbours,
+        differences=[row for row in runs.compare_runs(ours, theirs).rows if row.differs],
+    )

@@ -1,0 +1,66 @@
+"""Typed records of an Airflow run: the DAG params the runtime reads itself (those that feed a stage field go to
+the stage's own model through :func:`tasks.orchestration.runtime.pick`), the stage stats it reads, and what one
+task hands the next through XCom, parsed once where a task receives them (XCom carries them as plain JSON)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+
+class DagParams(BaseModel):
+    """What every DAG's params hold: the store (None: the triggering events' store, else the default)."""
+
+    store: str | None = None
+
+
+class IngestParams(DagParams):
+    """``hpd_ingest``'s: how many mapped encode tasks a partition's shards are split into."""
+
+    shard_groups: int = Field(gt=0)
+
+
+class RetrainParams(DagParams):
+    """``hpd_retrain``'s: the teacher, the partitions named (None: those the promoted model has not seen) and the
+    model run's name (None: one derived from the Airflow run id)."""
+
+    teacher: str
+    partitions: list[str] | None = None
+    name: str | None = None
+
+
+class QualityReportParams(DagParams):
+    """``hpd_quality_report``'s: the drift score at which a partition is flagged."""
+
+    drift_threshold: float
+
+
+class IndexParams(DagParams):
+    """``hpd_index``'s: the model run to index (None: the triggering promotion's, else the promoted one)."""
+
+    model_run: str | None = None
+
+
+class WrittenRows(BaseModel):
+    """What a partition's announcement reads of its staging and augmentation runs' stats."""
+
+    rows_written: int = 0
+
+
+class Verdict(BaseModel):
+    """The validate task's result: the gate's decision and reasons, the student's scores and the report's URI."""
+
+    passed: bool
+    reasons: list[str]
+    scores: dict[str, float]
+    report: str | None
+
+
+class DriftResult(BaseModel):
+    """The drift task's result: whether it is flagged, against which model run (None while none is promoted) and,
+    when measured, the score, the threshold, and the drift manifest's store key (the stage's other stats too)."""
+
+    flagged: bool
+    model_run: str | None
+    score: float | None = None
+    threshold: float | None = None
+    manifest: str | None = None
