@@ -15,10 +15,11 @@ import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
+from pydantic import BaseModel, RootModel, ValidationError
 from safetensors.torch import load_file
 from transformers import AutoModel, AutoTokenizer
 from transformers.utils import logging as transformers_logging
@@ -30,7 +31,70 @@ log = logging.getLogger(__name__)
 
 OnRows = Callable[[int], object]  # told the row count of each batch encoded
 _AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
-_ACTIVATIONS = {"torch.nn.modules.activation.Tanh": torch.tanh, "torch.nn.modules.linear.Identity": lambda x: x}
+_TANH = "torch.nn.modules.activation.Tanh"
+_ACTIVATIONS = {_TANH: torch.tanh, "torch.nn.modules.linear.Identity": lambda x: x}
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+
+
+class SentenceBertConfig(BaseModel):
+    """``sentence_bert_config.json``: the token length the encoder truncates at."""
+
+    max_seq_length: int | None = None
+    do_lower_case: bool = False
+
+
+class DenseConfig(BaseModel):
+    """A Dense module's ``config.json``, as sentence-transformers writes it."""
+
+    in_features: int
+    out_features: int
+    bias: bool = True
+    activation_function: str = _TANH
+
+
+class ModuleEntry(BaseModel):
+    """One module of ``modules.json``: its class (``type``) and its subfolder."""
+
+    type: str
+    path: str = ""
+
+    @property
+    def kind(self) -> str:
+        """The class name without its package, e.g. ``Pooling``."""
+        return self.type.rsplit(".", 1)[-1]
+
+
+class ModuleList(RootModel[list[ModuleEntry]]):
+    """``modules.json``: the modules of a sentence-transformers folder, in order."""
+
+
+def read_config(path: Path, shape: type[ConfigT]) -> ConfigT:
+    """The JSON file ``path`` parsed as ``shape`` (keys it does not name are ignored); a
+    :class:`~tasks.ml.models.ModelError` naming the file when it is not one."""
+    try:
+        return shape.model_validate_json(path.read_bytes())
+    except ValidationError as exc:
+        raise models.ModelError(f"{path}: not a valid {path.name}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class Modules:
+    """The modules of a sentence-transformers folder (its ``modules.json``), each kind's subfolder; a plain
+    Hugging Face folder has none but its transformer, in the folder itself."""
+
+    transformer: str = ""
+    pooling: str | None = None
+    dense: str | None = None
+    normalize: bool = False
+
+    @classmethod
+    def read(cls, folder: Path) -> Modules:
+        """The modules ``folder`` holds; a kind listed twice: its last subfolder."""
+        path = folder / "modules.json"
+        if not path.is_file():
+            return cls()
+        found = {module.kind: module.path for module in read_config(path, ModuleList).root}
+        return cls(found.get("Transformer", ""), found.get("Pooling"), found.get("Dense"), "Normalize" in found)
 
 
 @dataclass(frozen=True)
@@ -78,7 +142,7 @@ class Dense(torch.nn.Module):
         in_features: int,
         out_features: int,
         bias: bool = True,
-        activation: str = "torch.nn.modules.activation.Tanh",
+        activation: str = _TANH,
     ) -> None:
         super().__init__()
         if activation not in _ACTIVATIONS:
@@ -91,13 +155,8 @@ class Dense(torch.nn.Module):
 
     @classmethod
     def from_folder(cls, folder: Path) -> Dense:
-        config = json.loads((folder / "config.json").read_text())
-        dense = cls(
-            config["in_features"],
-            config["out_features"],
-            config.get("bias", True),
-            config.get("activation_function", "torch.nn.modules.activation.Tanh"),
-        )
+        config = read_config(folder / "config.json", DenseConfig)
+        dense = cls(config.in_features, config.out_features, config.bias, config.activation_function)
         weights = folder / "model.safetensors"
         state = load_file(weights) if weights.is_file() else torch.load(folder / "pytorch_model.bin", weights_only=True)
         dense.load_state_dict(state)
@@ -108,13 +167,13 @@ class Dense(torch.nn.Module):
         from safetensors.torch import save_file
 
         folder.mkdir(exist_ok=True)
-        config = {
-            "in_features": self.linear.in_features,
-            "out_features": self.linear.out_features,
-            "bias": self.linear.bias is not None,
-            "activation_function": self.activation_name,
-        }
-        (folder / "config.json").write_text(json.dumps(config))
+        config = DenseConfig(
+            in_features=self.linear.in_features,
+            out_features=self.linear.out_features,
+            bias=self.linear.bias is not None,
+            activation_function=self.activation_name,
+        )
+        (folder / "config.json").write_text(json.dumps(config.model_dump()))
         weights = {name: tensor.detach().cpu().contiguous() for name, tensor in self.state_dict().items()}
         save_file(weights, folder / "model.safetensors")
 
@@ -166,16 +225,16 @@ class SentenceEncoder(torch.nn.Module):
     @classmethod
     def load(cls, spec: str, device: str = "cpu", max_seq_length: int | None = None) -> SentenceEncoder:
         folder = models.resolve(spec)
-        modules = _modules(folder)
-        transformer_dir = transformer_folder(spec)
+        modules = Modules.read(folder)
+        transformer_dir = folder / modules.transformer
         bert_config = transformer_dir / "sentence_bert_config.json"
-        configured_len = json.loads(bert_config.read_text()).get("max_seq_length") if bert_config.is_file() else None
+        configured_len = read_config(bert_config, SentenceBertConfig).max_seq_length if bert_config.is_file() else None
         tokenizer = AutoTokenizer.from_pretrained(transformer_dir)
         transformer = _load_transformer(transformer_dir)
-        pooling = Pooling.from_folder(folder / modules["Pooling"]) if "Pooling" in modules else Pooling()
-        dense = Dense.from_folder(folder / modules["Dense"]) if "Dense" in modules else None
+        pooling = Pooling.from_folder(folder / modules.pooling) if modules.pooling is not None else Pooling()
+        dense = Dense.from_folder(folder / modules.dense) if modules.dense is not None else None
         limit = max_seq_length or configured_len or min(tokenizer.model_max_length, 512)
-        encoder = cls(spec, tokenizer, transformer, pooling, dense, "Normalize" in modules, int(limit))
+        encoder = cls(spec, tokenizer, transformer, pooling, dense, modules.normalize, int(limit))
         return encoder.to(torch.device(device)).eval()
 
     def save(self, folder: Path) -> None:
@@ -183,9 +242,8 @@ class SentenceEncoder(torch.nn.Module):
         folder.mkdir(parents=True, exist_ok=True)
         self.transformer.save_pretrained(folder, safe_serialization=True)
         self.tokenizer.save_pretrained(folder)
-        (folder / "sentence_bert_config.json").write_text(
-            json.dumps({"max_seq_length": self.max_seq_length, "do_lower_case": False})
-        )
+        config = SentenceBertConfig(max_seq_length=self.max_seq_length)
+        (folder / "sentence_bert_config.json").write_text(json.dumps(config.model_dump()))
         self.pooling.save(folder / "1_Pooling", self.transformer.config.hidden_size)
         modules = [
             {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
@@ -247,7 +305,7 @@ def length_batches(
 ) -> Iterator[tuple[np.ndarray, Any]]:
     """Batches of similar token length (longest first), so padding is minimal: each batch's positions in
     ``texts`` and its padded ``input_ids`` and ``attention_mask`` (``tensors``: "pt" or "np")."""
-    encoded = tokenizer(texts, truncation=True, max_length=max_length, return_attention_mask=False)["input_ids"]
+    encoded = tokenizer(texts, truncation=True, max_length=max_length, return_attention_mask=False).input_ids
     order = np.argsort([-len(ids) for ids in encoded], kind="stable")
     for start in range(0, len(order), batch_size):
         positions = order[start : start + batch_size]
@@ -257,16 +315,4 @@ def length_batches(
 def transformer_folder(spec: str) -> Path:
     """Where model ``spec``'s transformer (config, weights, tokenizer) lies."""
     folder = models.resolve(spec)
-    return folder / _modules(folder).get("Transformer", "")
-
-
-def _modules(folder: Path) -> dict[str, str]:
-    """Module kind -> subfolder, from sentence-transformers' modules.json (empty for a plain HF folder)."""
-    path = folder / "modules.json"
-    if not path.is_file():
-        return {}
-    found = {}
-    for module in json.loads(path.read_text()):
-        kind = module["type"].rsplit(".", 1)[-1]
-        found[kind] = module.get("path", "")
-    return found
+    return folder / Modules.read(folder).transformer

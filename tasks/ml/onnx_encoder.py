@@ -17,23 +17,25 @@ backend.
 from __future__ import annotations
 
 import copy
-import json
 import logging
+import math
 import shutil
 import tempfile
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from tasks.ml import sts
-from tasks.ml.encoder import SentenceEncoder, length_batches
+from tasks.ml import models, sts
+from tasks.ml.encoder import SentenceBertConfig, SentenceEncoder, length_batches, read_config
 
 Variant = Literal["fp32", "int8"]
-FILES: dict[Variant, str] = {"int8": "onnx/encoder_int8.onnx", "fp32": "onnx/encoder.onnx"}
+INT8_GRAPH = "encoder_int8.onnx"  # the int8 graph's file name
+FILES: dict[Variant, str] = {"int8": f"onnx/{INT8_GRAPH}", "fp32": "onnx/encoder.onnx"}
 MAX_INT8_LOSS = 0.3  # STS dev points (mean of STS-B dev and SICK-R dev, Spearman x100) int8 may lose
 OPSET = 17
 TRACED = "traced.onnx"  # the unfused graph's file name in build_graphs' scratch folder
@@ -59,74 +61,127 @@ class _Graph(torch.nn.Module):
         return embeddings
 
 
-def export(encoder: SentenceEncoder, folder: Path, variant: Variant) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StsScores:
+    """STS dev scores (:func:`tasks.ml.sts.dev_score`) of the PyTorch model and of each graph tried."""
+
+    pytorch: float
+    fp32: float
+    int8: float | None = None
+
+    @property
+    def int8_loss(self) -> float:
+        """The points the int8 graph loses to the PyTorch model (infinite when none was tried)."""
+        return math.inf if self.int8 is None else self.pytorch - self.int8
+
+    def as_record(self) -> dict[str, float]:
+        """The scores as published, to 2 decimals: ``torch``, then each graph tried by its variant."""
+        scores = {"torch": self.pytorch, "fp32": self.fp32, "int8": self.int8}
+        return {name: round(score, 2) for name, score in scores.items() if score is not None}
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    """What :func:`export` wrote: the graph's file in the folder, its variant and the one asked for, whether
+    it is fused, the int8 bound it was held to, and the STS dev scores."""
+
+    file: str
+    variant: Variant
+    asked: Variant
+    fused: bool
+    max_int8_loss: float
+    sts_dev: StsScores
+
+    def as_record(self) -> dict[str, Any]:
+        """The record the distillation run publishes (``onnx`` in its stats and metrics)."""
+        return {
+            "file": self.file,
+            "variant": self.variant,
+            "asked": self.asked,
+            "fused": self.fused,
+            "max_int8_loss": self.max_int8_loss,
+            "sts_dev": self.sts_dev.as_record(),
+        }
+
+
+@dataclass(frozen=True)
+class Graphs:
+    """The graphs :func:`build_graphs` writes: fp32 (fused, or as traced when the fusions do not hold) and, when
+    asked for, its int8 quantisation."""
+
+    fp32: Path
+    int8: Path | None = None
+
+    @property
+    def fused(self) -> bool:
+        """Whether the fp32 graph is the fused one."""
+        return self.fp32.name != TRACED
+
+    def items(self) -> list[tuple[Variant, Path]]:
+        """Each graph with its variant, fp32 first."""
+        return [("fp32", self.fp32)] if self.int8 is None else [("fp32", self.fp32), ("int8", self.int8)]
+
+    def scores(self, encoder: SentenceEncoder, pytorch: float) -> StsScores:
+        """The STS dev score of each graph, encoding as ``encoder`` does, beside ``pytorch``, the encoder's."""
+
+        def score(graph: Path) -> float:
+            return sts.dev_score(OnnxEncoder(graph, encoder.tokenizer, encoder.max_seq_length).encode)
+
+        return StsScores(pytorch, score(self.fp32), None if self.int8 is None else score(self.int8))
+
+
+def export(encoder: SentenceEncoder, folder: Path, variant: Variant) -> OnnxExport:
     """Write ``encoder`` (whose sentence-transformers folder is ``folder``) as an ONNX graph in ``folder``:
     ``variant``, or fp32 when int8 loses more than :data:`MAX_INT8_LOSS` on STS dev. What was written, with
     the STS dev scores of the PyTorch model and of each graph tried."""
     on_cpu = encoder if encoder.device.type == "cpu" else copy.deepcopy(encoder).cpu()
     training = on_cpu.training
     try:
-        scores = {"torch": sts.dev_score(on_cpu.eval().encode)}
+        pytorch = sts.dev_score(on_cpu.eval().encode)
         with tempfile.TemporaryDirectory(prefix="hpd-onnx-") as scratch:
             graphs = build_graphs(on_cpu, Path(scratch), int8=variant == "int8")
-            fused = graphs["fp32"].name != TRACED
-            for name, graph in graphs.items():
-                scores[name] = sts.dev_score(OnnxEncoder(graph, on_cpu.tokenizer, on_cpu.max_seq_length).encode)
-            kept: Variant = (
-                "int8" if variant == "int8" and scores["torch"] - scores["int8"] <= MAX_INT8_LOSS else "fp32"
-            )
+            scores = graphs.scores(on_cpu, pytorch)
+            kept: Variant = "int8" if variant == "int8" and scores.int8_loss <= MAX_INT8_LOSS else "fp32"
             if kept != variant:
                 log.warning(
-                    "onnx: int8 loses %.2f STS dev points, more than %s: fp32 kept",
-                    scores["torch"] - scores["int8"],
-                    MAX_INT8_LOSS,
+                    "onnx: int8 loses %.2f STS dev points, more than %s: fp32 kept", scores.int8_loss, MAX_INT8_LOSS
                 )
             (folder / FILES[kept]).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(graphs[kept], folder / FILES[kept])
+            shutil.copyfile(dict(graphs.items())[kept], folder / FILES[kept])
     finally:
         on_cpu.train(training)
-    rounded = {name: round(score, 2) for name, score in scores.items()}
-    return {
-        "file": FILES[kept],
-        "variant": kept,
-        "asked": variant,
-        "fused": fused,
-        "max_int8_loss": MAX_INT8_LOSS,
-        "sts_dev": rounded,
-    }
+    return OnnxExport(FILES[kept], kept, variant, graphs.fused, MAX_INT8_LOSS, scores)
 
 
-def build_graphs(encoder: SentenceEncoder, scratch: Path, int8: bool) -> dict[Variant, Path]:
+def build_graphs(encoder: SentenceEncoder, scratch: Path, int8: bool) -> Graphs:
     """The graphs of ``encoder`` (on the CPU, in eval mode), written in ``scratch``: fp32 (fused when the fusions
     hold, else as traced, named :data:`TRACED`) and, with ``int8``, its dynamic int8 quantisation."""
-    graphs: dict[Variant, Path] = {"fp32": _fused(encoder, _trace(encoder, scratch / TRACED), scratch / "encoder.onnx")}
-    if int8:
-        graphs["int8"] = _quantised(graphs["fp32"])
-    return graphs
+    fp32 = _fused(encoder, _trace(encoder, scratch / TRACED), scratch / "encoder.onnx")
+    return Graphs(fp32, _quantised(fp32) if int8 else None)
 
 
 def _trace(encoder: SentenceEncoder, target: Path) -> Path:
     """The fp32 graph of ``encoder`` (in eval mode), written to ``target``; traced with the transformer's eager
     attention (the same arithmetic as SDPA, in the pattern :func:`_fused` recognises), then set back."""
-    sample = encoder.tokenize(["a sentence to trace the graph with"])
+    sample = encoder.tokenizer(["a sentence to trace the graph with"], return_tensors="pt")
     transformer: Any = encoder.transformer
     attention = getattr(transformer.config, "_attn_implementation", None)
     if attention not in (None, "eager"):
         transformer.set_attn_implementation("eager")
     try:
-        _export(encoder, sample, target)
+        _export(encoder, (sample.input_ids, sample.attention_mask), target)
     finally:
         if attention not in (None, "eager"):
             transformer.set_attn_implementation(attention)
     return target
 
 
-def _export(encoder: SentenceEncoder, sample: dict[str, torch.Tensor], target: Path) -> None:
+def _export(encoder: SentenceEncoder, inputs: tuple[torch.Tensor, torch.Tensor], target: Path) -> None:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the exporter's deprecation and tracer notes: the shapes are dynamic
         torch.onnx.export(
             _Graph(encoder).train(encoder.training),  # the exporter sets the wrapper's mode back on all it holds
-            (sample["input_ids"], sample["attention_mask"]),
+            inputs,  # input_ids, attention_mask
             str(target),
             dynamo=False,
             opset_version=OPSET,
@@ -172,7 +227,7 @@ def _quantised(traced: Path) -> Path:
     from onnx import TensorProto
     from onnxruntime.quantization import QuantType, quantize_dynamic  # type: ignore[import-untyped]
 
-    target = traced.with_name("encoder_int8.onnx")
+    target = traced.with_name(INT8_GRAPH)
     # DefaultTensorType: shape inference does not type the outputs of the fused (com.microsoft) operators
     quantize_dynamic(
         str(traced),
@@ -215,8 +270,11 @@ class OnnxEncoder:
         graph = exported_graph(folder)
         if graph is None:
             raise FileNotFoundError(f"{folder}: no ONNX graph ({' or '.join(FILES.values())})")
-        config = json.loads((folder / "sentence_bert_config.json").read_text())
-        return cls(graph, AutoTokenizer.from_pretrained(folder), int(config["max_seq_length"]), threads)
+        path = folder / "sentence_bert_config.json"
+        max_seq_length = read_config(path, SentenceBertConfig).max_seq_length
+        if max_seq_length is None:
+            raise models.ModelError(f"{path}: no max_seq_length")
+        return cls(graph, AutoTokenizer.from_pretrained(folder), max_seq_length, threads)
 
     @property
     def encodes_one_thread_safely(self) -> bool:
@@ -226,7 +284,7 @@ class OnnxEncoder:
 
     @property
     def variant(self) -> str:
-        return "int8" if self.graph.name == Path(FILES["int8"]).name else "fp32"
+        return "int8" if self.graph.name == INT8_GRAPH else "fp32"
 
     def encode(self, texts: list[str], batch_size: int = 64) -> np.ndarray:
         """Embeddings of ``texts`` (float32, input order)."""

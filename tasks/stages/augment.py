@@ -16,7 +16,8 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from tasks.core import catalog, manifest, sentences, storage
 from tasks.core.catalog import Stage
@@ -46,6 +47,38 @@ class Augmenter:
     method: str
     params: dict
     apply: Callable[[list[tuple[str, str]]], list[str]]
+
+
+class Parent(NamedTuple):
+    """A staged sentence an augmenter may vary: its id, its text and its line in the source."""
+
+    sentence_id: str
+    text: str
+    line: int | None
+
+    @classmethod
+    def read(cls, shard: manifest.Input) -> list[Parent]:
+        """The rows of a staged shard, read verified against the checksum the staging manifest records."""
+        table = storage.read_parquet(shard.uri, columns=list(cls._fields), sha256=shard.sha256)
+        return [cls(*row) for row in zip(*(table.column(name).to_pylist() for name in cls._fields), strict=True)]
+
+
+@dataclass
+class MethodCounts:
+    """One method's variants: how many it generated, and how many had each outcome ("written", or the reason it
+    was dropped), in the order the outcomes first came."""
+
+    generated: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+
+    def record(self, dropped: str | None) -> None:
+        """Count one generated variant: written, or dropped for the reason ``dropped``."""
+        self.generated += 1
+        self.outcomes[dropped or "written"] += 1
+
+    def as_record(self) -> dict[str, int]:
+        """The counts as published and logged: generated, then each outcome (none before anything is generated)."""
+        return {"generated": self.generated, **self.outcomes} if self.generated else {}
 
 
 def rng_for(seed: int, method: str, parent_id: str) -> random.Random:
@@ -170,36 +203,34 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
         return skipped
     with stage_run.phase("load"):
         augmenters = build_augmenters(params)
-    generated: list[tuple[Augmenter, dict, str, str]] = []  # (augmenter, parent, normalised variant, its shard)
+    generated: list[tuple[Augmenter, Parent, str, str]] = []  # (augmenter, parent, normalised variant, its shard)
     for augmenter in augmenters:
         with stage_run.phase(augmenter.method):
             generated.extend(_generate(params, augmenter, stage_run.inputs, progress))
     with stage_run.phase("dedup"):
         rows, counts = _deduplicated(params.store, generated, augmenters)
     table = sentences.table(rows, params.ingest_date)
-    stage_run.stats = {"rows_written": table.num_rows, "by_method": {m: dict(c) for m, c in counts.items()}}
+    stage_run.stats = {"rows_written": table.num_rows, "by_method": {m: c.as_record() for m, c in counts.items()}}
     for method, count in counts.items():
-        log.info("augment %s: %s %s", key, method, ", ".join(f"{n} {reason}" for reason, n in count.items()))
+        log.info("augment %s: %s %s", key, method, ", ".join(f"{n} {what}" for what, n in count.as_record().items()))
     return sentences.publish_partition(stage_run, params.ingest_date, table, params.shard_rows)
 
 
 def _generate(
     params: AugmentParams, augmenter: Augmenter, shards: list[manifest.Input], progress: bool
-) -> list[tuple[Augmenter, dict, str, str]]:
+) -> list[tuple[Augmenter, Parent, str, str]]:
     """(augmenter, parent row, normalised variant, parent shard) for every selected parent. Each staged
     shard is read verified against the checksum the staging manifest records."""
     generated = []
     total = sum(shard.rows or 0 for shard in shards)
     with Progress(f"augment {augmenter.method}", total, bar=progress, logger=log) as reporter:
         for shard in shards:
-            shard_uri = shard.uri
-            columns = ["sentence_id", "text", "line"]
-            parents = storage.read_parquet(shard_uri, columns=columns, sha256=shard.sha256).to_pylist()
+            parents = Parent.read(shard)
             read = len(parents)
-            parents = [p for p in parents if selected(params.seed, augmenter.method, p["sentence_id"], params.fraction)]
-            variants = augmenter.apply([(p["sentence_id"], p["text"]) for p in parents])
+            parents = [p for p in parents if selected(params.seed, augmenter.method, p.sentence_id, params.fraction)]
+            variants = augmenter.apply([(p.sentence_id, p.text) for p in parents])
             generated.extend(
-                (augmenter, parent, sentences.normalise_text(variant), shard_uri)
+                (augmenter, parent, sentences.normalise_text(variant), shard.uri)
                 for parent, variant in zip(parents, variants, strict=True)
             )
             reporter.update(read)
@@ -207,26 +238,24 @@ def _generate(
 
 
 def _deduplicated(
-    store: str, generated: list[tuple[Augmenter, dict, str, str]], augmenters: list[Augmenter]
-) -> tuple[dict[str, list], dict[str, Counter]]:
+    store: str, generated: list[tuple[Augmenter, Parent, str, str]], augmenters: list[Augmenter]
+) -> tuple[dict[str, list], dict[str, MethodCounts]]:
     """The rows to write (variants that are new, non-empty and not staged originals) and counts per method."""
     ids = [sentences.sentence_id(text) if text else None for _, _, text, _ in generated]
     originals = sentences.already_staged(store, [sid for sid in ids if sid])
     rows: dict[str, list] = {name: [] for name in sentences.COLUMNS}
     seen: set[str] = set()
-    counts: dict[str, Counter] = {a.method: Counter() for a in augmenters}
+    counts = {a.method: MethodCounts() for a in augmenters}
     recorded = {a.method: json.dumps(a.params, sort_keys=True) for a in augmenters}
     for (augmenter, parent, text, shard_uri), sid in zip(generated, ids, strict=True):
-        count = counts[augmenter.method]
-        count["generated"] += 1
-        if reason := _drop_reason(sid, parent["sentence_id"], originals, seen):
-            count[reason] += 1
+        reason = _drop_reason(sid, parent.sentence_id, originals, seen)
+        counts[augmenter.method].record(reason)
+        if reason:
             continue
         seen.add(sid)
-        count["written"] += 1
         for name, value in zip(
             sentences.COLUMNS,
-            (sid, text, shard_uri, parent["line"], parent["sentence_id"], augmenter.method, recorded[augmenter.method]),
+            (sid, text, shard_uri, parent.line, parent.sentence_id, augmenter.method, recorded[augmenter.method]),
             strict=True,
         ):
             rows[name].append(value)

@@ -25,7 +25,9 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass
 from datetime import date
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -40,6 +42,51 @@ from tasks.stages.params import FitPCAParams
 CHUNK_ROWS = 8192
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FitSummary:
+    """What a fit found (``summary.json``, in this field order): the projection's set-up, the rows it was fitted on
+    of those available, and the variance its components explain."""
+
+    teacher: str
+    mode: str
+    k: int
+    dim: int
+    rows_fitted: int
+    rows_available: int
+    sample_fraction: float
+    explained_variance_ratio_sum: float
+    explained_variance_ratio: list[float]
+
+    def as_record(self) -> dict[str, Any]:
+        """The record ``summary.json`` holds."""
+        return asdict(self)
+
+    def stats(self) -> dict[str, Any]:
+        """The manifest's stats: the rows fitted and available, and the variance explained."""
+        return {
+            "rows_fitted": self.rows_fitted,
+            "rows_available": self.rows_available,
+            "explained_variance_ratio_sum": self.explained_variance_ratio_sum,
+        }
+
+    def log(self, key: str) -> None:
+        """Log the fit of PCA run ``key``."""
+        ratios = self.explained_variance_ratio
+        log.info(
+            "fit_pca %s: fitted k=%d (%s) on %d of %d rows, dim %d: explained variance ratio %.4f in all, "
+            "first component %.4f, last %.4f",
+            key,
+            self.k,
+            self.mode,
+            self.rows_fitted,
+            self.rows_available,
+            self.dim,
+            self.explained_variance_ratio_sum,
+            ratios[0],
+            ratios[-1],
+        )
 
 
 def teacher_shards(store: str, teacher: str, partitions: list[date] | None) -> list[manifest.Output]:
@@ -80,23 +127,23 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
         accumulator = accumulate(shards, fraction, params.seed, progress)
     with stage_run.phase("eigendecomposition"):
         projection = accumulator.fit(params.k, params.mode)
-    summary = {
-        "teacher": params.teacher,
-        "mode": params.mode,
-        "k": params.k,
-        "dim": accumulator.dim,
-        "rows_fitted": projection.rows,
-        "rows_available": total_rows,
-        "sample_fraction": fraction,
-        "explained_variance_ratio_sum": float(projection.explained_variance_ratio.sum()),
-        "explained_variance_ratio": projection.explained_variance_ratio.round(6).tolist(),
-    }
-    _log_fit(stage_run.key, summary)
+    summary = FitSummary(
+        teacher=params.teacher,
+        mode=params.mode,
+        k=params.k,
+        dim=accumulator.dim,
+        rows_fitted=projection.rows,
+        rows_available=total_rows,
+        sample_fraction=fraction,
+        explained_variance_ratio_sum=float(projection.explained_variance_ratio.sum()),
+        explained_variance_ratio=projection.explained_variance_ratio.round(6).tolist(),
+    )
+    summary.log(stage_run.key)
     with stage_run.phase("write_artifact"):
         # A folder per fingerprint: a rerun never overwrites what the published manifest lists.
         prefix = catalog.pca_prefix(params.store, params.teacher, params.name, stage_run.fingerprint)
         stage_run.write_output(storage.join(prefix, ARTIFACT), projection.to_safetensors())
-        stage_run.write_output(storage.join(prefix, "summary.json"), json.dumps(summary, indent=2).encode())
+        stage_run.write_output(storage.join(prefix, "summary.json"), json.dumps(summary.as_record(), indent=2).encode())
     if params.write_targets:
         with stage_run.phase("write_targets"):
             targets_prefix = catalog.targets_prefix(params.store, params.teacher, params.name)
@@ -105,7 +152,7 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
                 for shard, table in prefetch.ahead(shards, _read):
                     stage_run.add_shard(_write_targets(shard, table, projection, targets_prefix, model_id))
                     reporter.update(shard.rows or 0)
-    stage_run.stats = {key: summary[key] for key in ("rows_fitted", "rows_available", "explained_variance_ratio_sum")}
+    stage_run.stats = summary.stats()
     return stage_run.publish()
 
 
@@ -127,23 +174,6 @@ def accumulate(
     if accumulator is None:
         raise PCAError(f"no teacher embedding rows in {len(shards)} shard(s)")
     return accumulator
-
-
-def _log_fit(key: str, summary: dict) -> None:
-    ratios = summary["explained_variance_ratio"]
-    log.info(
-        "fit_pca %s: fitted k=%d (%s) on %d of %d rows, dim %d: explained variance ratio %.4f in all, "
-        "first component %.4f, last %.4f",
-        key,
-        summary["k"],
-        summary["mode"],
-        summary["rows_fitted"],
-        summary["rows_available"],
-        summary["dim"],
-        summary["explained_variance_ratio_sum"],
-        ratios[0],
-        ratios[-1],
-    )
 
 
 def target_shards(store: str, teacher: str, name: str) -> list[str]:

@@ -1,9 +1,11 @@
+import re
+
 import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from tasks.ml import precision
-from tasks.ml.encoder import SentenceEncoder
+from tasks.ml import models, precision
+from tasks.ml.encoder import Dense, SentenceEncoder
 from tests.support.tiny_models import build_sentence_model
 
 pytestmark = pytest.mark.models
@@ -69,3 +71,37 @@ def test_auto_dtype_encodes_as_the_dtype_it_resolves_to(tmp_path, monkeypatch):
     for native, same_as in ((False, "fp32"), (True, "bf16")):
         monkeypatch.setattr(precision, "native_bf16", lambda device, native=native: native)
         np.testing.assert_array_equal(encoder.encode(TEXTS, dtype="auto"), encoder.encode(TEXTS, dtype=same_as))
+
+
+def test_a_saved_folder_keeps_the_sentence_transformers_configs(tmp_path):
+    """The configs a save writes are sentence-transformers' own, byte for byte, and load back as they were."""
+    encoder = SentenceEncoder.load(str(build_sentence_model(tmp_path / "m", normalize=False)))
+    encoder.dense = Dense(32, 16, bias=False)
+    encoder.save(tmp_path / "saved")
+    saved = tmp_path / "saved"
+    assert (saved / "sentence_bert_config.json").read_text() == '{"max_seq_length": 64, "do_lower_case": false}'
+    assert (saved / "2_Dense" / "config.json").read_text() == (
+        '{"in_features": 32, "out_features": 16, "bias": false, "activation_function": '
+        '"torch.nn.modules.activation.Tanh"}'
+    )
+    loaded = SentenceEncoder.load(str(saved))
+    assert loaded.dim == 16 and loaded.dense is not None and loaded.dense.linear.bias is None
+    np.testing.assert_allclose(loaded.encode(TEXTS), encoder.encode(TEXTS), atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    ("file", "text"),
+    [
+        ("modules.json", '[{"path": "", "type": "sentence_transformers.models.Transformer"}, {"path": "1_Pooling"}]'),
+        ("sentence_bert_config.json", '{"max_seq_length": "long"}'),
+        ("sentence_bert_config.json", '{"max_seq_length": 64,'),
+        ("2_Dense/config.json", '{"out_features": 16}'),
+    ],
+)
+def test_a_malformed_config_is_refused_naming_the_file(tmp_path, file, text):
+    encoder = SentenceEncoder.load(str(build_sentence_model(tmp_path / "m", normalize=False)))
+    encoder.dense = Dense(32, 16)
+    encoder.save(tmp_path / "saved")
+    (tmp_path / "saved" / file).write_text(text)
+    with pytest.raises(models.ModelError, match=re.escape(str(tmp_path / "saved" / file))):
+        SentenceEncoder.load(str(tmp_path / "saved"))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import onnx
 import pytest
 import torch
 
-from tasks.ml import onnx_encoder
+from tasks.ml import models, onnx_encoder
 from tasks.ml.encoder import Dense, SentenceEncoder
 from tasks.ml.onnx_encoder import OnnxEncoder
 from tests.support.tiny_models import build_sentence_model
@@ -43,11 +44,13 @@ def _student(tmp_path: Path) -> tuple[SentenceEncoder, Path]:
 def test_the_fp32_graph_encodes_as_the_pytorch_student(tmp_path: Path) -> None:
     encoder, folder = _student(tmp_path)
     record = onnx_encoder.export(encoder, folder, "fp32")
-    assert record["file"] == "onnx/encoder.onnx" and record["variant"] == "fp32" and record["fused"]
-    assert record["sts_dev"]["fp32"] == pytest.approx(record["sts_dev"]["torch"], abs=0.01)
+    assert record.file == "onnx/encoder.onnx" and record.variant == "fp32" and record.fused
+    assert record.sts_dev.fp32 == pytest.approx(record.sts_dev.pytorch, abs=0.01) and record.sts_dev.int8 is None
+    assert list(record.as_record()) == ["file", "variant", "asked", "fused", "max_int8_loss", "sts_dev"]
+    assert list(record.as_record()["sts_dev"]) == ["torch", "fp32"]
     # fused: attention, embeddings + LayerNorm, residual + LayerNorm, bias + GELU each one operator
     fused = {"Attention", "EmbedLayerNormalization", "SkipLayerNormalization", "BiasGelu"}
-    assert fused <= _ops(folder / record["file"]) and "Softmax" not in _ops(folder / record["file"])
+    assert fused <= _ops(folder / record.file) and "Softmax" not in _ops(folder / record.file)
     assert encoder.transformer.config._attn_implementation == "sdpa"  # traced with eager attention, then set back
     graph = OnnxEncoder.load(folder)
     assert graph.variant == "fp32" and graph.dim == 16
@@ -59,10 +62,10 @@ def test_int8_is_kept_within_the_bound(tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(onnx_encoder, "MAX_INT8_LOSS", float("inf"))
     encoder, folder = _student(tmp_path)
     record = onnx_encoder.export(encoder, folder, "int8")
-    assert record["variant"] == "int8" and set(record["sts_dev"]) == {"torch", "fp32", "int8"}
+    assert record.variant == "int8" and list(record.as_record()["sts_dev"]) == ["torch", "fp32", "int8"]
     assert not (folder / onnx_encoder.FILES["fp32"]).exists()
-    assert record["fused"] and {"QAttention", "DynamicQuantizeLinear"} <= _ops(folder / record["file"])
-    _assert_weights_per_channel_in_7_bits(folder / record["file"])
+    assert record.fused and {"QAttention", "DynamicQuantizeLinear"} <= _ops(folder / record.file)
+    _assert_weights_per_channel_in_7_bits(folder / record.file)
     graph = OnnxEncoder.load(folder)
     assert graph.variant == "int8"
     int8, fp32 = graph.encode(TEXTS), encoder.encode(TEXTS)
@@ -87,7 +90,7 @@ def test_int8_beyond_the_bound_falls_back_to_fp32(
     encoder, folder = _student(tmp_path)
     with caplog.at_level(logging.WARNING, logger=onnx_encoder.__name__):
         record = onnx_encoder.export(encoder, folder, "int8")
-    assert record["variant"] == "fp32" and record["asked"] == "int8"
+    assert record.variant == "fp32" and record.asked == "int8"
     assert onnx_encoder.exported_graph(folder) == folder / "onnx/encoder.onnx"
     assert "fp32 kept" in caplog.text
 
@@ -102,7 +105,7 @@ def test_export_leaves_a_training_student_in_training_mode(tmp_path: Path) -> No
 def test_building_the_graphs_keeps_the_students_mode(tmp_path: Path, training: bool) -> None:
     encoder, _ = _student(tmp_path)
     graphs = onnx_encoder.build_graphs(encoder.train(training), tmp_path, int8=True)
-    assert set(graphs) == {"fp32", "int8"} and encoder.training is training
+    assert [variant for variant, _ in graphs.items()] == ["fp32", "int8"] and encoder.training is training
     assert all(m.training is training for m in encoder.modules())
 
 
@@ -113,6 +116,16 @@ def test_a_folder_without_a_graph_is_refused_by_name(tmp_path: Path) -> None:
         OnnxEncoder.load(folder)
 
 
+@pytest.mark.parametrize("config", ["{}", '{"max_seq_length": "long"}', "not json"])
+def test_a_folder_without_a_length_limit_is_refused_naming_its_config(tmp_path: Path, config: str) -> None:
+    _, folder = _student(tmp_path)
+    (folder / onnx_encoder.FILES["fp32"]).parent.mkdir()
+    (folder / onnx_encoder.FILES["fp32"]).write_bytes(b"")
+    (folder / "sentence_bert_config.json").write_text(config)
+    with pytest.raises(models.ModelError, match=re.escape(str(folder / "sentence_bert_config.json"))):
+        OnnxEncoder.load(folder)
+
+
 def test_a_fused_graph_beyond_the_tolerance_is_dropped(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -120,8 +133,8 @@ def test_a_fused_graph_beyond_the_tolerance_is_dropped(
     encoder, folder = _student(tmp_path)
     with caplog.at_level(logging.WARNING, logger=onnx_encoder.__name__):
         record = onnx_encoder.export(encoder, folder, "fp32")
-    assert not record["fused"] and "unfused graph is kept" in caplog.text
-    assert "Attention" not in _ops(folder / record["file"]) and "Softmax" in _ops(folder / record["file"])
+    assert not record.fused and "unfused graph is kept" in caplog.text
+    assert "Attention" not in _ops(folder / record.file) and "Softmax" in _ops(folder / record.file)
     np.testing.assert_allclose(OnnxEncoder.load(folder).encode(TEXTS), encoder.encode(TEXTS), atol=1e-5)
 
 
