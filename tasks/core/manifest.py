@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Self, cast
 
 import jsonschema
+import pydantic
 
 from tasks.core import catalog, storage, uris
 from tasks.core.catalog import Stage
@@ -135,6 +136,19 @@ class Output:
         return cls(catalog.resolve(store, fields.pop("key")), **fields)
 
 
+class _Recorded(pydantic.BaseModel):
+    """The parts of a manifest document that :class:`Manifest` holds (the schema checks the whole)."""
+
+    stage: str
+    key: str
+    run_id: str
+    fingerprint: str
+    inputs: list[dict[str, Any]]
+    outputs: list[dict[str, Any]]
+    params: dict[str, Any]
+    stats: dict[str, Any]
+
+
 @dataclass(frozen=True)
 class Manifest:
     """A published stage-run manifest. ``params`` and ``stats`` are the stage's own records."""
@@ -153,19 +167,14 @@ class Manifest:
     def from_dict(cls, document: dict[str, Any], uri: str, store: str) -> Self:
         """The manifest ``document`` read from ``uri`` in ``store``: its keys resolved against ``store``."""
         try:
-            return cls(
-                document["stage"],
-                document["key"],
-                document["run_id"],
-                document["fingerprint"],
-                tuple(Input.from_dict(i, store) for i in document["inputs"]),
-                tuple(Output.from_dict(o, store) for o in document["outputs"]),
-                document["params"],
-                document["stats"],
-                document,
-            )
-        except (KeyError, TypeError, storage.StorageError) as exc:
+            read = _Recorded.model_validate(document)
+            inputs = tuple(Input.from_dict(i, store) for i in read.inputs)
+            outputs = tuple(Output.from_dict(o, store) for o in read.outputs)
+        except (pydantic.ValidationError, KeyError, TypeError, storage.StorageError) as exc:
             raise ManifestError(f"{uri}: not a manifest ({type(exc).__name__}: {exc})") from None
+        return cls(
+            read.stage, read.key, read.run_id, read.fingerprint, inputs, outputs, read.params, read.stats, document
+        )
 
     def outputs_of(self, contract: str) -> list[Output]:
         """The outputs written under data contract ``contract``."""

@@ -40,10 +40,8 @@ class Evaluation:
 
     def as_record(self) -> dict[str, Any]:
         """The evaluation as the run's metrics, stats and model card write it (no absent score)."""
-        record: dict[str, Any] = {"step": self.step}
-        if self.blend is not None:
-            record["blend"] = self.blend
-        record |= {"val_mse": self.val_mse, "val_cosine": self.val_cosine}
+        blend = {} if self.blend is None else {"blend": self.blend}
+        record = {"step": self.step, **blend, "val_mse": self.val_mse, "val_cosine": self.val_cosine}
         return record if self.sts_dev is None else {**record, "sts_dev": self.sts_dev}
 
     @classmethod

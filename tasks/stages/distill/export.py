@@ -47,9 +47,11 @@ def files(trainer: Trainer, stage_run: manifest.StageRun, summary: dict[str, Any
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / MODEL_FOLDER
         trainer.model.save(folder)
+        onnx: onnx_encoder.OnnxExport | None = None
         if trainer.params.onnx != "none":
-            summary["onnx"] = onnx_encoder.export(trainer.model, folder, trainer.params.onnx)
-        (folder / "README.md").write_text(model_card(trainer.params, stage_run, summary))
+            onnx = onnx_encoder.export(trainer.model, folder, trainer.params.onnx)
+            summary["onnx"] = onnx.as_record()
+        (folder / "README.md").write_text(model_card(trainer.params, stage_run, summary, onnx))
         for path in sorted(p for p in folder.rglob("*") if p.is_file()):
             exported[storage.join(prefix, MODEL_FOLDER, *path.relative_to(folder).parts)] = path.read_bytes()
     losses = "".join(json.dumps({"step": s, "loss": loss}) + "\n" for s, loss in trainer.state.losses)
@@ -59,8 +61,10 @@ def files(trainer: Trainer, stage_run: manifest.StageRun, summary: dict[str, Any
     return exported
 
 
-def model_card(params: DistillParams, stage_run: manifest.StageRun, summary: dict[str, Any]) -> str:
-    """The model card: what was distilled from what, how it trained, its configuration and lineage."""
+def model_card(
+    params: DistillParams, stage_run: manifest.StageRun, summary: dict[str, Any], onnx: onnx_encoder.OnnxExport | None
+) -> str:
+    """The model card: what was distilled from what, how it trained, its configuration, ONNX graph and lineage."""
     template = Template(resources.files(__package__).joinpath("model_card.md").read_text(encoding="utf-8"))
     inputs = "\n".join(f"- `{i.uri}` (sha256 `{i.sha256[:12]}`)" for i in stage_run.inputs)
     return template.substitute(
@@ -89,17 +93,17 @@ def model_card(params: DistillParams, stage_run: manifest.StageRun, summary: dic
         best_val_mse=f"{summary['best_val_mse']:.6g}",
         select_on=params.select_on,
         config=json.dumps(params.model_dump(mode="json"), indent=2),
-        onnx=_onnx_note(summary.get("onnx")),
+        onnx=_onnx_note(onnx),
         run_id=stage_run.run_id,
         code_version=manifest.code_version(),
         inputs=inputs,
     )
 
 
-def _onnx_note(record: dict[str, Any] | None) -> str:
-    if record is None:
+def _onnx_note(onnx: onnx_encoder.OnnxExport | None) -> str:
+    if onnx is None:
         return "None exported (`onnx: none`)."
     return (
-        f"`{record['file']}`: the whole encoder as one ONNX graph ({record['variant']}; {record['asked']} asked),"
-        f" inputs `input_ids` and `attention_mask`, output `sentence_embedding`. STS dev: {record['sts_dev']}."
+        f"`{onnx.file}`: the whole encoder as one ONNX graph ({onnx.variant}; {onnx.asked} asked),"
+        f" inputs `input_ids` and `attention_mask`, output `sentence_embedding`. STS dev: {onnx.sts_dev.as_record()}."
     )

@@ -38,6 +38,6 @@ class Optimization:
     def state_dict(self) -> dict[str, Any]:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
-    def load_state_dict(self, states: dict[str, Any]) -> None:
-        self.optimizer.load_state_dict(states["optimizer"])
-        self.scheduler.load_state_dict(states["scheduler"])
+    def load_state_dict(self, optimizer: dict[str, Any], scheduler: dict[str, Any]) -> None:
+        self.optimizer.load_state_dict(optimizer)
+        self.scheduler.load_state_dict(scheduler)

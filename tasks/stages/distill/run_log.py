@@ -52,6 +52,9 @@ class RunLog:
         )
         plan.log_dropped_tail(self.logger, data.train_rows)
 
+    def resumed(self, checkpoint: str, step: int) -> None:
+        self.logger.info("distill %s: resumed from %s at step %d", self.name, checkpoint, step)
+
     def scores(self, what: str, evaluation: Evaluation) -> None:
         """An evaluation's scores, with the STS dev score when the run selects on it."""
         sts_dev = "" if evaluation.sts_dev is None else f", sts_dev {evaluation.sts_dev:.3f}"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -77,35 +77,94 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rng_states() -> dict[str, Any]:
-    """This process's Python, NumPy, torch (and CUDA) generator states, as tensors and plain types only, so
-    that a checkpoint holding them loads with ``torch.load(..., weights_only=True)`` (NumPy's own state
-    is a tuple with an ndarray, which the weights-only unpickler refuses)."""
-    import torch
+@dataclass(frozen=True)
+class _NumpyState:
+    """NumPy's legacy generator state, its key array as plain ints."""
 
-    name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
-    numpy_state = {
-        "name": str(name),
-        "keys": [int(key) for key in keys],
-        "pos": int(pos),
-        "has_gauss": int(has_gauss),
-        "cached_gaussian": float(cached_gaussian),
-    }
-    states = {"python": random.getstate(), "numpy": numpy_state, "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    return states
+    name: str
+    keys: list[int]
+    pos: int
+    has_gauss: int
+    cached_gaussian: float
+
+
+@dataclass(frozen=True)
+class RngStates:
+    """This process's Python, NumPy, torch (and CUDA) generator states."""
+
+    python: Any
+    numpy: _NumpyState
+    torch: Any
+    cuda: Any = None
+
+    @classmethod
+    def capture(cls) -> RngStates:
+        import torch
+
+        name, keys, pos, has_gauss, cached_gaussian = np.random.get_state(legacy=True)
+        numpy_state = _NumpyState(str(name), [int(k) for k in keys], int(pos), int(has_gauss), float(cached_gaussian))
+        cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+        return cls(random.getstate(), numpy_state, torch.get_rng_state(), cuda)
+
+    def restore(self) -> None:
+        import torch
+
+        version, internal, gauss_next = self.python
+        random.setstate((version, tuple(internal), gauss_next))
+        saved = self.numpy
+        keys = np.asarray(saved.keys, dtype=np.uint32)
+        np.random.set_state((saved.name, keys, saved.pos, saved.has_gauss, saved.cached_gaussian))
+        torch.set_rng_state(self.torch)
+        if self.cuda is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(self.cuda)
+
+    def as_payload(self) -> dict[str, Any]:
+        """The states as tensors and plain types only (no CUDA entry without CUDA)."""
+        payload = {"python": self.python, "numpy": asdict(self.numpy), "torch": self.torch}
+        return payload if self.cuda is None else {**payload, "cuda": self.cuda}
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> RngStates:
+        parts = dict(payload)
+        return cls(**{**parts, "numpy": _NumpyState(**parts.pop("numpy"))})
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's generator states, as tensors and plain types only, so that a checkpoint holding them loads
+    with ``torch.load(..., weights_only=True)`` (NumPy's own state is a tuple with an ndarray, which the
+    weights-only unpickler refuses)."""
+    return RngStates.capture().as_payload()
 
 
 def restore_rng(states: dict[str, Any]) -> None:
     """Restore what :func:`rng_states` saved."""
-    import torch
+    RngStates.from_payload(states).restore()
 
-    version, internal, gauss_next = states["python"]
-    random.setstate((version, tuple(internal), gauss_next))
-    saved = states["numpy"]
-    keys = np.asarray(saved["keys"], dtype=np.uint32)
-    np.random.set_state((saved["name"], keys, saved["pos"], saved["has_gauss"], saved["cached_gaussian"]))
-    torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+
+@dataclass
+class Snapshot:
+    """What a checkpoint carries, tensors and plain types only: the model, optimizer, scheduler and fp16 scaler
+    states, the best weights (and the initial ones when blending), the train state and every process's RNG
+    states, in rank order."""
+
+    model: dict[str, Any]
+    optimizer: dict[str, Any]
+    scheduler: dict[str, Any]
+    scaler: dict[str, Any]
+    best_weights: dict[str, Any] | None
+    state: dict[str, Any]
+    rng: list[dict[str, Any]]
+    initial_weights: dict[str, Any] | None = None
+
+    def as_payload(self) -> dict[str, Any]:
+        """The payload ``torch.save`` writes (no initial weights unless blending)."""
+        payload = dict(vars(self))
+        if self.initial_weights is None:
+            payload.pop("initial_weights")
+        return payload
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> Snapshot:
+        """The snapshot in a loaded checkpoint ``payload`` (a missing part: ``TypeError``)."""
+        names = {field.name for field in fields(cls)}
+        return cls(**{name: value for name, value in payload.items() if name in names})

@@ -35,7 +35,7 @@ from tasks.stages.distill.objective import HPDLoss
 from tasks.stages.distill.optimization import Optimization
 from tasks.stages.distill.plan import TrainingPlan
 from tasks.stages.distill.run_log import RunLog
-from tasks.stages.distill.state import TrainState, restore_rng, rng_states, seed_everything
+from tasks.stages.distill.state import Snapshot, TrainState, restore_rng, rng_states, seed_everything
 from tasks.stages.distill.weights import KeptWeights
 from tasks.stages.params import DistillParams
 
@@ -59,7 +59,7 @@ class Trainer:
         self.checkpoints = Checkpoints(params.store, params.name, fingerprint)
         self.run_log = RunLog(params, dist.leader)
         self.scaler: Any = None  # the fp16 gradient scaler of the trainer's accelerator, while training
-        self.resumed: dict[str, Any] = {}  # RNG and scaler states a resumed run restores once training starts
+        self.resumed: Snapshot | None = None  # a resumed run's checkpoint: its RNG and scaler states restore later
         self.init_record: dict[str, Any] = {}
         self.exported: dict[str, Any] | None = None
 
@@ -123,36 +123,37 @@ class Trainer:
             return None
         plan = self.plan
         folder = st_trainer.resume_folder(scratch / "resume", self.state.step, plan.total_steps, plan.micro_batch)
-        return st_trainer.Resume(folder, self.resumed["rng"], self.resumed["scaler"])
+        resumed = self.resumed
+        assert resumed is not None, "a run past step 0 resumed from a checkpoint"
+        return st_trainer.Resume(folder, resumed.rng[self.dist.rank], resumed.scaler)
 
     def save_checkpoint(self) -> None:
         """Write the run's checkpoint (the leader; every process's RNG states, so a resumed DDP run continues
-        each dropout stream): tensors and plain types only."""
+        each dropout stream)."""
         rng = self.dist.gather(rng_states())
         if not self.dist.leader:
             return
+        parts = {**self.optim.state_dict(), **self.kept.checkpoint_part(), "state": self.state.to_dict(), "rng": rng}
         scaler = self.scaler.state_dict() if self.scaler is not None else {}
-        payload = {"model": self.model.state_dict(), **self.optim.state_dict(), "scaler": scaler}
-        payload |= {**self.kept.checkpoint_part(), "state": self.state.to_dict(), "rng": rng}
-        self.checkpoints.save(self.state.step, payload, self.init_record)
+        snapshot = Snapshot(self.model.state_dict(), scaler=scaler, **parts)
+        self.checkpoints.save(self.state.step, snapshot.as_payload(), self.init_record)
 
     def _restore(self, uri: str, payload: dict[str, Any]) -> None:
         """Load checkpoint ``uri``'s ``payload``."""
         try:  # the optimizer moves its own state to the model's device
-            self.model.load_state_dict(payload["model"])
-            self.optim.load_state_dict(payload)
-            self.kept.restore(payload)
-            self.state = TrainState.from_dict(payload["state"])
-            self.resumed = {"rng": payload["rng"][self.dist.rank], "scaler": payload["scaler"]}
-            restore_rng(self.resumed["rng"])  # a damaged state fails here; the trainer restores it again to train
+            snapshot = Snapshot.from_payload(payload)
+            self.model.load_state_dict(snapshot.model)
+            self.optim.load_state_dict(snapshot.optimizer, snapshot.scheduler)
+            self.kept.restore(snapshot.best_weights, snapshot.initial_weights)
+            self.state = TrainState.from_dict(snapshot.state)
+            restore_rng(snapshot.rng[self.dist.rank])  # a damaged state fails here; the trainer restores it again
+            self.resumed = snapshot
         except Exception as exc:  # a damaged payload fails in many ways (shapes, missing keys, types)
             raise DistillError(
                 f"{uri}: corrupted or incompatible checkpoint ({type(exc).__name__}: {exc}); "
                 f"rerun with --force to start over"
             ) from None
-        self.run_log.logger.info(
-            "distill %s: resumed from %s at step %d", self.params.name, uris.redact(uri), self.state.step
-        )
+        self.run_log.resumed(uris.redact(uri), self.state.step)
 
 
 def _latest_checkpoint(checkpoints: Checkpoints) -> tuple[dict[str, Any], str, dict[str, Any]] | None:

@@ -64,7 +64,6 @@ class KeptWeights:
         initial = {} if self.initial is None else {"initial_weights": self.initial}
         return {"best_weights": self.best, **initial}
 
-    def restore(self, payload: dict[str, Any]) -> None:
-        """Take back what :meth:`checkpoint_part` put in ``payload``."""
-        self.best = payload["best_weights"]
-        self.initial = payload["initial_weights"] if self.blends else None
+    def restore(self, best: dict[str, Any] | None, initial: dict[str, Any] | None) -> None:
+        """Take back what :meth:`checkpoint_part` gave a checkpoint (the initial weights only when blending)."""
+        self.best, self.initial = best, initial if self.blends else None
