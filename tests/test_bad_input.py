@@ -208,6 +208,25 @@ def _model_pointer(place: Place) -> dict[str, str]:
     return {"pointer": storage.join(place.store, "models/current.json")}
 
 
+def _truncated(pointer: str) -> Seed:
+    """``pointer`` (``models/current.json`` or ``indexes/current.json``) cut short mid-document, as a full disk
+    or a torn copy leaves it."""
+
+    def seed(place: Place) -> dict[str, str]:
+        uri = storage.join(place.store, pointer)
+        storage.write_bytes(uri, b'{"index": "indexes/tiny/0123456789ab/index.fa')
+        return {"pointer": uri}
+
+    return seed
+
+
+def _binary_pair_file(place: Place) -> dict[str, str]:
+    """A pair file that is an image, not CSV text."""
+    uri = storage.to_uri(f"{place.src}/pairs.csv")
+    storage.write_bytes(uri, b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe")
+    return {"pairs": uri}
+
+
 class _Planted:
     """Unpickling it touches a file in the scratch folder: outside the store, so the case would see it."""
 
@@ -448,6 +467,34 @@ CASES = [
         "{store}/students/resumable/checkpoints/latest.json: names '{named}', outside this run's checkpoints",
         on=BOTH,
         seed=_checkpoint(None, key=_outside),
+        in_process=True,
+    ),
+    # every command that reads a pointer names a pointer it cannot read
+    *(
+        Case(
+            f"truncated-{pointer.split('/')[0]}-pointer-{argv[0]}",
+            argv,
+            1,
+            f"{{pointer}}: not a {pointer} pointer (not readable JSON: ",
+            on=BOTH,
+            seed=_truncated(pointer),
+            in_process=argv[0] in ("search", "build-index"),
+        )
+        for pointer, argv in (
+            ("indexes/current.json", ("search", "a query", "--store", "{store}")),
+            ("indexes/current.json", ("gc", "--store", "{store}", "--dry-run")),
+            ("indexes/current.json", ("lineage", "--store", "{store}")),
+            ("models/current.json", ("build-index", "--store", "{store}")),
+            ("models/current.json", ("lineage", "models/current.json", "--store", "{store}")),
+        )
+    ),
+    Case(
+        "binary-pair-file",
+        ("validate", "--store", "{store}", "--model-run", "tiny", "--pair-files", "{pairs}"),
+        1,
+        "{pairs}: not UTF-8 text (byte 0); pair files are CSV or TSV",
+        on=BOTH,
+        seed=_binary_pair_file,
         in_process=True,
     ),
     # no pickle from the store

@@ -332,7 +332,10 @@ def read_pointer(store: str, pointer: Pointer) -> tuple[ModelPointer | IndexPoin
     from tasks.core import storage  # the storage clients load on first I/O: DAG files import the catalog
 
     uri = pointer_uri(store, pointer)
-    value, etag = storage.read_json_versioned(uri)
+    try:
+        value, etag = storage.read_json_versioned(uri)
+    except (ValueError, RecursionError) as exc:  # truncated or not JSON, not UTF-8, absurd nesting
+        raise PointerError(f"{uri}: not a {pointer} pointer (not readable JSON: {exc})") from None
     if value is None:
         return None, None
     if not isinstance(value, dict):

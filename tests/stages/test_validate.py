@@ -1,3 +1,4 @@
+import gzip
 import html
 import json
 import logging
@@ -130,13 +131,25 @@ def test_gate_rules_by_hand(caplog):
     [
         ("first,second,score\na,b,1\n", "missing \\['sentence1', 'sentence2'\\]"),
         ("sentence1,sentence2,score\na,b,high\n", "line 2: score 'high' is not a number"),
+        ("sentence1,sentence2,score\na,b\n", "line 2: score '' is not a number"),
+        ("sentence1,sentence2,score\n", "needs columns sentence1, sentence2, score \\(missing \\[\\]\\)"),
+        (b"\x89PNG\r\n\x1a\n\xff\xfe", "not UTF-8 text \\(byte 0\\)"),
+        (b"sentence1,sentence2,score\na\x00,b,1\n", "binary, not CSV or TSV text"),
+        (b"\x1f\x8b\x08\x00truncated", "not a readable gzip file"),
     ],
 )
 def test_bad_pair_files_are_named(tmp_path, content, message):
     path = tmp_path / "pairs.csv"
-    path.write_text(content)
-    with pytest.raises(validate.ValidateError, match=message):
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    with pytest.raises(validate.ValidateError, match=f"^{path.as_uri()}: .*{message}"):
         validate.read_pairs(storage.to_uri(str(path)))
+
+
+def test_a_gzipped_tsv_pair_file_reads(tmp_path):
+    path = tmp_path / "pairs.tsv.gz"
+    path.write_bytes(gzip.compress(b"sentence1\tsentence2\tscore\na, b\tc\t4.5\nd\te\t1\n"))
+    pairs = validate.read_pairs(storage.to_uri(str(path)))
+    assert (pairs.first, pairs.second, pairs.scores.tolist()) == (["a, b", "d"], ["c", "e"], [4.5, 1.0])
 
 
 def test_unknown_model_run(store):

@@ -21,10 +21,10 @@ log = logging.getLogger(__name__)
 
 def run(params: ValidateParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Measure the student of ``params.model_run``, apply the gate, promote on success."""
+    pair_sets = [sts.stsb_test(), sts.sick_r_test(), *(read_pairs(uri) for uri in params.pair_files)]
     distilled = manifest.read(params.store, Stage.DISTILL, params.model_run)
     if distilled is None:
         raise ValidateError(f"{params.store}: no published distill run {params.model_run!r}")
-    pair_sets = [sts.stsb_test(), sts.sick_r_test(), *(read_pairs(uri) for uri in params.pair_files)]
     distill_uri = catalog.manifest_uri(params.store, Stage.DISTILL, params.model_run)
     stage_run = manifest.StageRun(
         stage=Stage.VALIDATE,
