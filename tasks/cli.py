@@ -28,7 +28,7 @@ from pydantic.fields import FieldInfo
 
 from tasks.core import config
 from tasks.core.catalog import RUN_NAME_PATTERN, Stage
-from tasks.core.uris import StorageError, to_uri
+from tasks.core.uris import StorageError, store_root, to_uri
 from tasks.ml.hits import Hit
 from tasks.stages import registry
 
@@ -276,7 +276,7 @@ def _bounded(low: int, high: int) -> typing.Callable[[str], int]:
 def _store(args: argparse.Namespace) -> str:
     """The ``--store`` option as a URI, else ``$HPD_STORE`` / ``./var/store``."""
     try:
-        return to_uri(args.store) if args.store else config.default_store()
+        return store_root(to_uri(args.store)) if args.store else config.default_store()
     except StorageError as exc:
         raise config.ConfigError(f"--store: {exc}") from None
 

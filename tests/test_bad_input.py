@@ -208,6 +208,24 @@ def _model_pointer(place: Place) -> dict[str, str]:
     return {"pointer": storage.join(place.store, "models/current.json")}
 
 
+def _linked_out(name: str, level: int = 0) -> Seed:
+    """The staged partition with its object ``name`` (``manifest`` or ``shard``), or its ``level``-th folder up,
+    moved outside the store (beside it, in the scratch folder) and a symbolic link left in its place: the same
+    bytes, only the link leaves the store."""
+
+    def seed(place: Place) -> dict[str, str]:
+        names = _staged(place)
+        inside = Path(names[name][len("file://") :])
+        for _ in range(level):
+            inside = inside.parent
+        outside = place.scratch / f"moved-{inside.name}"
+        inside.rename(outside)
+        inside.symlink_to(outside)
+        return {**names, "real": str(place.scratch / f"moved-{inside.name}")}
+
+    return seed
+
+
 def _truncated(pointer: str) -> Seed:
     """``pointer`` (``models/current.json`` or ``indexes/current.json``) cut short mid-document, as a full disk
     or a torn copy leaves it."""
@@ -468,6 +486,27 @@ CASES = [
         on=BOTH,
         seed=_checkpoint(None, key=_outside),
         in_process=True,
+    ),
+    Case(
+        "manifest-linked-out",
+        AUGMENT,
+        1,
+        "{manifest}: resolves to {real}, outside the store {store}, through a link; refused",
+        seed=_linked_out("manifest"),
+    ),
+    Case(
+        "shard-linked-out",
+        AUGMENT,
+        1,
+        "{shard}: resolves to {real}, outside the store {store}, through a link; refused",
+        seed=_linked_out("shard"),
+    ),
+    Case(
+        "partition-folder-linked-out",
+        AUGMENT,
+        1,
+        "outside the store {store}, through a link; refused",
+        seed=_linked_out("shard", level=1),
     ),
     # every command that reads a pointer names a pointer it cannot read
     *(

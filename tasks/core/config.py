@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from tasks.core.uris import StorageError, redact, to_uri
+from tasks.core.uris import StorageError, redact, store_root, to_uri
 
 DEFAULT_STORE = "var/store"
 
@@ -19,7 +19,7 @@ DEFAULT_STORE = "var/store"
 def default_store() -> str:
     """The store root: ``HPD_STORE`` or the embedded ``file://`` folder ``./var/store``."""
     try:
-        return to_uri(os.environ.get("HPD_STORE", DEFAULT_STORE))
+        return store_root(to_uri(os.environ.get("HPD_STORE", DEFAULT_STORE)))
     except StorageError as exc:
         raise ConfigError(f"HPD_STORE: {exc}") from None
 
@@ -39,7 +39,7 @@ class StageParams(BaseModel):
     @classmethod
     def _store_uri(cls, value: str) -> str:
         try:
-            return to_uri(value)
+            return store_root(to_uri(value))
         except StorageError as exc:  # a parameter error (exit 2), not a storage failure
             raise ValueError(str(exc)) from None
 

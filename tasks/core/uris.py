@@ -28,6 +28,29 @@ class StorageError(Exception):
         return f"{self.uri}: {self.message}"
 
 
+# The folders of the file:// stores this process was given: below one, the local backend refuses a path that
+# resolves outside it (through a symbolic link at any level); links that stay inside are followed.
+_STORE_ROOTS: set[str] = set()
+
+
+def store_root(uri: str) -> str:
+    """Register ``uri`` (a normalised store URI) as a store root, for :func:`escape_of` to hold; returns it."""
+    if uri.startswith("file://"):
+        _STORE_ROOTS.add(uri[len("file://") :])
+    return uri
+
+
+def escape_of(path: str) -> tuple[str, str] | None:
+    """Where local ``path`` really leads and the store root it leaves, when it lies below a registered root but
+    resolves outside it; None when it stays inside (or lies below no root)."""
+    for root in tuple(_STORE_ROOTS):
+        if path == root or path.startswith(root + "/"):
+            real, real_root = os.path.realpath(path), os.path.realpath(root)
+            if real != real_root and not real.startswith(real_root + "/"):
+                return real, root
+    return None
+
+
 def to_uri(path_or_uri: str) -> str:
     """Return the normalised URI of a local path or a ``file://`` / ``s3://`` URI (no trailing slash)."""
     if "://" not in path_or_uri:

@@ -21,7 +21,7 @@ from botocore.awsrequest import AWSResponse
 from botocore.exceptions import ConnectionClosedError, EndpointConnectionError
 from botocore.retries.standard import ExponentialBackoff
 
-from tasks.core import storage
+from tasks.core import storage, uris
 from tests.support.paths import REPO, SUPPORT
 
 pytestmark = pytest.mark.timeout(60)
@@ -510,3 +510,24 @@ def test_airflow_connection_round_trip(s3_bucket: str, s3_env: str, monkeypatch:
     storage.write_bytes(uri, b"through the airflow connection")
     assert storage.read_bytes(uri) == b"through the airflow connection"
     assert storage.list_uris(f"s3://{s3_bucket}") == [uri]
+
+
+def test_links_that_stay_in_a_store_are_followed_and_links_out_of_it_refused(tmp_path):
+    store = uris.store_root(storage.to_uri(str(tmp_path / "store")))
+    storage.write_bytes(f"{store}/a/real.bin", b"inside")
+    (tmp_path / "store" / "a" / "alias.bin").symlink_to(tmp_path / "store" / "a" / "real.bin")
+    assert storage.read_bytes(f"{store}/a/alias.bin") == b"inside"
+    (tmp_path / "outside.bin").write_bytes(b"outside")
+    (tmp_path / "store" / "out.bin").symlink_to(tmp_path / "outside.bin")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "store" / "folder").symlink_to(tmp_path / "elsewhere")
+    refused = "resolves to {}, outside the store " + store + ", through a link; refused"
+    for read in (storage.read_bytes, storage.head, storage.size, storage.exists, storage.open_read):
+        with pytest.raises(
+            storage.StorageError, match=re.escape(f"{store}/out.bin: " + refused.format(tmp_path / "outside.bin"))
+        ):
+            read(f"{store}/out.bin")
+    with pytest.raises(storage.StorageError, match=re.escape(refused.format(tmp_path / "elsewhere" / "new.bin"))):
+        storage.write_bytes(f"{store}/folder/new.bin", b"escaped")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert storage.read_bytes(storage.to_uri(str(tmp_path / "outside.bin"))) == b"outside"  # no store's: a raw source

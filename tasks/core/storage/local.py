@@ -26,11 +26,16 @@ from tasks.core.storage.objects import (
     chunks,
     hidden,
 )
-from tasks.core.uris import StorageError, to_uri
+from tasks.core.uris import StorageError, escape_of, to_uri
 
 
 def path_of(uri: str) -> str:
-    return to_uri(uri)[len("file://") :]
+    """The file of ``uri``; a :class:`StorageError` naming it when it lies in a store but a link leads it out."""
+    path = to_uri(uri)[len("file://") :]
+    if escaped := escape_of(path):
+        real, root = escaped
+        raise StorageError(uri, f"resolves to {real}, outside the store file://{root}, through a link; refused")
+    return path
 
 
 def failure(uri: str, exc: OSError) -> StorageError:
