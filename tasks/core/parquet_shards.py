@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tasks.core import contracts, storage
+from tasks.core import contracts, finite, storage
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,12 @@ def write_shard(
     return Shard(uri, digest, len(body), checked.num_rows, contract.name, contract.version)
 
 
-def vectors(table: pa.Table, column: str) -> np.ndarray:
-    """A fixed-size-list column (embeddings, targets) as a C-contiguous ``(rows, dim)`` float32 array."""
+def vectors(table: pa.Table, column: str, source: str | None = None) -> np.ndarray:
+    """A fixed-size-list column (embeddings, targets) as a C-contiguous ``(rows, dim)`` float32 array; with
+    ``source`` (where the table was read), a :class:`finite.NonFiniteError` naming it unless all are finite."""
     values = table.column(column).combine_chunks().flatten().to_numpy(zero_copy_only=False)
-    return np.ascontiguousarray(values.reshape(table.num_rows, -1), dtype=np.float32)
+    with np.errstate(over="ignore"):  # a value beyond float32 becomes an infinity, refused below with a source
+        array = np.ascontiguousarray(values.reshape(table.num_rows, -1), dtype=np.float32)
+    if source is not None:
+        finite.require_finite(array, source, f"{column} value")
+    return array

@@ -235,7 +235,14 @@ class SentenceEncoder(torch.nn.Module):
         dense = Dense.from_folder(folder / modules.dense) if modules.dense is not None else None
         limit = max_seq_length or configured_len or min(tokenizer.model_max_length, 512)
         encoder = cls(spec, tokenizer, transformer, pooling, dense, modules.normalize, int(limit))
+        encoder.require_finite_weights(str(folder))
         return encoder.to(torch.device(device)).eval()
+
+    def require_finite_weights(self, source: str) -> None:
+        """A :class:`ModelError` naming ``source`` and the first weight that holds a NaN or an infinity."""
+        for name, tensor in self.state_dict().items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise models.ModelError(f"{source}: weight {name} holds NaN or infinite values; refused")
 
     def save(self, folder: Path) -> None:
         """Write a sentence-transformers folder (Transformer, Pooling, [Dense], [Normalize]; safetensors)."""

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.core import catalog, manifest, storage
+from tasks.core import catalog, finite, manifest, storage
 from tasks.core.catalog import Stage
 from tasks.ml.choices import Mode
 
@@ -57,6 +57,8 @@ class Projection:
             meta = json.loads(stored["hpd"]) if "hpd" in stored else stored
         except Exception as exc:
             raise PCAError(f"{uri}: not a PCA artifact ({exc})") from None
+        for name in ("components", "mean", "explained_variance"):
+            finite.require_finite(tensors[name], f"{uri} ({name})")
         return cls(
             tensors["components"],
             tensors["mean"],

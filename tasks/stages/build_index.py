@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.core import catalog, manifest, parquet_shards, sentences, storage, uris
+from tasks.core import catalog, finite, manifest, parquet_shards, promotion, sentences, storage, uris
 from tasks.core.catalog import Dataset, Pointer, Stage
 from tasks.core.progress import Progress, format_bytes, format_duration
 from tasks.ml import student
@@ -85,10 +85,13 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
     )
     _, seen_etag = catalog.read_pointer(params.store, Pointer.INDEX)
     if skipped := stage_run.skip_result(force):
+        if params.promote and skipped.manifest is not None:
+            _settle(params.store, skipped.manifest)
         return skipped
     prefix = catalog.index_prefix(params.store, name, stage_run.fingerprint)
     corpus = _encode_corpus(params, stage_run, staged, prefix, progress)
-    stage_run.stats = _write_index(stage_run, prefix, corpus, params)
+    recorded = promotion.Promotion(seen_etag).as_stats() if params.promote else {}
+    stage_run.stats = {**_write_index(stage_run, prefix, corpus, params), **recorded}
     stage_run.add_shard(
         parquet_shards.write_shard(
             prefix,
@@ -170,6 +173,7 @@ def _encode_corpus(
                 vectors = encoder.encode(
                     shard_texts, batch_size=params.batch_size, dtype=params.dtype, on_rows=reporter.update
                 )
+                finite.require_finite(vectors, f"{shard_uri} encoded by {params.model_run}", "embedding value")
                 stage_run.add_shard(_write_embeddings(prefix, shard_uri, table, vectors, params.model_run))
                 ids.extend(table.column("sentence_id").to_pylist())
                 texts.extend(shard_texts)
@@ -234,6 +238,14 @@ def _write_index(
         "build_seconds": round(build_seconds, 3),
         **stats,
     }
+
+
+def _settle(store: str, published: manifest.Manifest) -> None:
+    """On a rerun of a published build: complete the promotion it did not finish, or say where it stands."""
+    settled, etag = promotion.settle(store, Pointer.INDEX, lambda p: p.run_id == published.run_id, published.stats)
+    log.info("build_index %s: %s", published.key, settled)
+    if settled is promotion.Settlement.UNFINISHED:
+        promote(store, published, etag)
 
 
 def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> catalog.IndexPointer:

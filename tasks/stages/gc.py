@@ -157,7 +157,7 @@ def pointed_at(store: str) -> set[str]:
     live = set()
     for pointer in Pointer:
         live.add(catalog.pointer_uri(store, pointer))
-        value, _ = catalog.read_pointer(store, pointer)  # type: ignore[call-overload]
+        value, _ = catalog.read_pointer(store, pointer)
         if value is not None:
             live |= {field for field in asdict(value).values() if isinstance(field, str) and "://" in field}
     return live

@@ -68,4 +68,4 @@ def _shard_profile(
     encoded = storage.read_parquet(embeddings.uri, columns=["sentence_id", "embedding"], sha256=embeddings.sha256)
     text_of = dict(zip(staged.column("sentence_id").to_pylist(), staged.column("text").to_pylist(), strict=True))
     texts = [text_of[sentence_id] for sentence_id in encoded.column("sentence_id").to_pylist()]
-    return drift_stats.profile(texts, parquet_shards.vectors(encoded, "embedding"), projection)
+    return drift_stats.profile(texts, parquet_shards.vectors(encoded, "embedding", embeddings.uri), projection)

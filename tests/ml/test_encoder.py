@@ -105,3 +105,15 @@ def test_a_malformed_config_is_refused_naming_the_file(tmp_path, file, text):
     (tmp_path / "saved" / file).write_text(text)
     with pytest.raises(models.ModelError, match=re.escape(str(tmp_path / "saved" / file))):
         SentenceEncoder.load(str(tmp_path / "saved"))
+
+
+def test_weights_with_a_nan_are_refused_naming_the_folder_and_the_weight(tmp_path):
+    import torch
+
+    encoder = SentenceEncoder.load(str(build_sentence_model(tmp_path / "m", normalize=False)))
+    encoder.dense = Dense(32, 16, bias=True)
+    with torch.no_grad():
+        encoder.dense.linear.bias[3] = float("inf")
+    encoder.save(tmp_path / "saved")
+    with pytest.raises(models.ModelError, match=f"^{re.escape(str(tmp_path / 'saved'))}: weight dense.linear.bias "):
+        SentenceEncoder.load(str(tmp_path / "saved"))

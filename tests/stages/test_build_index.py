@@ -1,4 +1,5 @@
 import logging
+import re
 import threading
 from datetime import date
 
@@ -9,6 +10,7 @@ import pytest
 from tasks import cli
 from tasks.core import catalog, config, contracts, manifest, storage
 from tasks.core.catalog import IndexPointer, ModelPointer, Pointer, Stage
+from tasks.core.finite import NonFiniteError
 from tasks.core.progress import format_bytes
 from tasks.ml import vector_index
 from tasks.stages import build_index
@@ -166,6 +168,36 @@ def test_concurrent_promotions_have_one_winner(store):
     assert pointer.run_id == winners[0] and storage.exists(pointer.index) and storage.exists(pointer.ids)
 
 
+def _promoted_run(store: str) -> str | None:
+    pointer, _ = catalog.read_pointer(store, Pointer.INDEX)
+    return None if pointer is None else pointer.run_id
+
+
+class _Killed(BaseException):
+    """Ends a run where a kill would, past every ``except Exception``."""
+
+
+def test_a_rerun_completes_a_promotion_its_run_did_not_finish_and_never_takes_back_a_newer_one(
+    store, monkeypatch, caplog
+):
+    caplog.set_level(logging.INFO, logger="tasks")
+    with monkeypatch.context() as patch:  # killed between publishing its manifest and moving the pointer
+        patch.setattr(build_index, "promote", lambda *args: (_ for _ in ()).throw(_Killed()))
+        with pytest.raises(_Killed):
+            _build(store, index_type="flat", name="stopped")
+    stopped = manifest.read(store, Stage.BUILD_INDEX, "stopped")
+    assert stopped is not None and _promoted_run(store) != stopped.run_id
+    rerun = _build(store, index_type="flat", name="stopped")
+    assert rerun.skipped and _promoted_run(store) == stopped.run_id
+    assert "build_index stopped: published but its pointer move unfinished" in caplog.messages
+    again = _build(store, index_type="flat", name="stopped")
+    assert again.skipped and "build_index stopped: promoted already" in caplog.messages
+    newer = _build(store, index_type="flat", name="newer")
+    assert _build(store, index_type="flat", name="stopped").skipped is not False
+    assert _promoted_run(store) == newer.manifest.run_id
+    assert "build_index stopped: superseded: the pointer moved since this run read it" in caplog.messages
+
+
 def test_missing_objects_leave_the_pointer_alone(store):
     _build(store, index_type="flat", name="promoted-before")
     before = storage.read_bytes(catalog.pointer_uri(store, Pointer.INDEX))
@@ -219,6 +251,24 @@ def test_bad_settings_write_nothing(store):
     with pytest.raises(vector_index.IndexBuildError, match="pq_m=3"):
         _build(store, index_type="ivf_pq", pq_m=3, name="nothing-written", promote=False)
     assert storage.list_uris(f"{store}/indexes/nothing-written") == []
+
+
+def test_non_finite_embeddings_are_refused_naming_the_shard_before_anything_is_indexed(store, monkeypatch):
+    from tasks.ml.encoder import SentenceEncoder
+
+    encode = SentenceEncoder.encode
+
+    def one_nan(self, texts, **options):
+        vectors = encode(self, texts, **options)
+        vectors[1, 0] = np.nan
+        return vectors
+
+    monkeypatch.setattr(SentenceEncoder, "encode", one_nan)
+    shard = re.escape(f"{store}/sentences/")
+    with pytest.raises(NonFiniteError, match=f"^{shard}.* encoded by tiny: 1 NaN or infinite embedding value"):
+        _build(store, index_type="flat", name="non-finite", promote=False)
+    assert storage.list_uris(f"{store}/indexes/non-finite") == []
+    assert manifest.read(store, Stage.BUILD_INDEX, "non-finite") is None
 
 
 def test_the_promoted_student_is_the_default(store, tmp_path):

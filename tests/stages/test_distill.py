@@ -18,6 +18,7 @@ import pytest
 from safetensors.numpy import load
 
 from tasks.core import config, progress, storage
+from tasks.core.finite import NonFiniteError
 from tasks.ml import student
 from tasks.ml.encoder import SentenceEncoder
 from tasks.ml.onnx_encoder import OnnxEncoder
@@ -522,6 +523,16 @@ def test_bad_training_data_is_named(prepared, tmp_path):
     storage.write_parquet(uri, broken)
     with pytest.raises(DistillDataError, match="1 target id"):
         ShardPair(pair.sentences_uri, uri, ("", ""), pair.rows).read()
+    column = targets.schema.get_field_index("target")
+    flat = targets.column("target").combine_chunks().flatten().to_numpy(zero_copy_only=False).copy()
+    flat[5] = np.nan
+    size = targets.schema.field("target").type.list_size
+    nan_uri = storage.to_uri(str(tmp_path / "nan.parquet"))
+    storage.write_parquet(nan_uri, targets.set_column(column, "target", pa.FixedSizeListArray.from_arrays(flat, size)))
+    with pytest.raises(
+        NonFiniteError, match=f"^{re.escape(nan_uri)}: 1 NaN or infinite target value\\(s\\), first in row 0"
+    ):
+        ShardPair(pair.sentences_uri, nan_uri, ("", ""), pair.rows).read()
     with pytest.raises(DistillDataError, match="no PCA run 'k9-nope'"):
         distill.run(_params(prepared, pca_name="k9-nope"))
     with pytest.raises(DistillDataError, match="validation split is empty"):

@@ -313,3 +313,26 @@ def test_report_warns_when_the_training_data_drifted():
     assert _visible_text(drift_section(None)) == "No promoted model to compare with."
     unmeasured = drift_section(DriftNotMeasured(reference_run="old", error="1 sentences shard(s) not encoded"))
     assert _visible_text(unmeasured) == "Drift not measured: 1 sentences shard(s) not encoded"
+
+
+class _Killed(BaseException):
+    """Ends a run where a kill would, past every ``except Exception``."""
+
+
+def test_a_rerun_completes_a_model_promotion_its_run_did_not_finish(store, monkeypatch, caplog):
+    """Last in the module: it leaves 'short' promoted."""
+    _validate(store, model_run="good", max_regression=100.0)  # promotes 'good' (a skip if already done)
+    caplog.set_level(logging.INFO, logger="tasks")
+    with monkeypatch.context() as patch:  # killed between publishing its manifest and moving the pointer
+        patch.setattr(validate.promotion, "promote_model", lambda *args: (_ for _ in ()).throw(_Killed()))
+        with pytest.raises(_Killed):
+            _validate(store, model_run="short", max_regression=100.0)
+    assert catalog.read_pointer(store, Pointer.MODEL)[0].model_run == "good"
+    rerun = _validate(store, model_run="short", max_regression=100.0)
+    promoted, _ = catalog.read_pointer(store, Pointer.MODEL)
+    assert rerun.skipped and promoted.model_run == "short"
+    assert promoted.scores == rerun.stats["sts"]["student"]
+    assert "validate short: published but its pointer move unfinished" in caplog.messages
+    assert _validate(store, model_run="good", max_regression=100.0).skipped
+    assert catalog.read_pointer(store, Pointer.MODEL)[0].model_run == "short"  # never taken back by a rerun
+    assert "validate good: superseded: the pointer moved since this run read it" in caplog.messages

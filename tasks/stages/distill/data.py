@@ -55,7 +55,7 @@ class ShardPair:
                 f"{self.targets_uri}: {len(missing)} target id(s) missing from {self.sentences_uri} "
                 f"({len(text_of) - len(ids) + len(missing)} sentence id(s) without a target)"
             )
-        return ids, [text_of[sid] for sid in ids], parquet_shards.vectors(targets, "target")
+        return ids, [text_of[sid] for sid in ids], parquet_shards.vectors(targets, "target", self.targets_uri)
 
 
 @dataclass(frozen=True)

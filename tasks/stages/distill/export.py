@@ -46,6 +46,7 @@ def files(trainer: Trainer, stage_run: manifest.StageRun, summary: dict[str, Any
     exported: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / MODEL_FOLDER
+        trainer.model.require_finite_weights(f"distill {trainer.params.name}: the weights to export")
         trainer.model.save(folder)
         onnx: onnx_encoder.OnnxExport | None = None
         if trainer.params.onnx != "none":

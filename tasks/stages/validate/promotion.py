@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import logging
 
-from tasks.core import catalog, uris
+from tasks.core import catalog, manifest, uris
+from tasks.core import promotion as pointer_moves
 from tasks.core.catalog import Pointer
 from tasks.core.stage_records import BASELINE as BASELINE  # the STS table's row of the same-size baseline
-from tasks.core.stage_records import GATED, GateRule, GateVerdict, StsTable
+from tasks.core.stage_records import GATED, GateRule, GateVerdict, StsTable, ValidateStats
 from tasks.stages.params import ValidateParams
 from tasks.stages.validate.errors import ValidateError
 
@@ -75,3 +76,19 @@ def promote_model(store: str, model_run: str, scores: dict[str, float], manifest
             f"validation started; {model_run} was not promoted"
         ) from None
     log.info("promoted %s: %s names it now", model_run, uris.redact(catalog.pointer_uri(store, Pointer.MODEL)))
+
+
+def settle_model(store: str, published: manifest.Manifest) -> None:
+    """On a rerun of a published validation that passed its gate to promote: complete the move of
+    ``models/current.json`` it did not finish, or say where its promotion stands (:mod:`tasks.core.promotion`)."""
+    if pointer_moves.Promotion.recorded(published.stats) is None:
+        log.info("validate %s: not promoted (the gate failed or promote was off when it ran)", published.key)
+        return
+    uri = catalog.manifest_uri(store, catalog.Stage.VALIDATE, published.key)
+    settled, etag = pointer_moves.settle(
+        store, Pointer.MODEL, lambda p: (p.model_run, p.validation) == (published.key, uri), published.stats
+    )
+    log.info("validate %s: %s", published.key, settled)
+    if settled is pointer_moves.Settlement.UNFINISHED:
+        scores = ValidateStats.parse(published.stats, uri).sts.student
+        promote_model(store, published.key, scores, uri, etag)

@@ -212,7 +212,9 @@ def corpus_sample(store: str, teacher: str, size: int) -> CorpusSample:
             texts.extend(staged.column("text").to_pylist())
             embedded = encoded.outputs[0]
             vectors.append(
-                parquet_shards.vectors(storage.read_parquet(embedded.uri, sha256=embedded.sha256), "embedding")
+                parquet_shards.vectors(
+                    storage.read_parquet(embedded.uri, sha256=embedded.sha256), "embedding", embedded.uri
+                )
             )
             if len(ids) >= size:
                 return CorpusSample(ids[:size], texts[:size], np.concatenate(vectors)[:size])

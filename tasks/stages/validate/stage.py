@@ -7,6 +7,7 @@ import logging
 
 from tasks.core import catalog, lineage, manifest, storage, uris
 from tasks.core.catalog import Pointer, Stage
+from tasks.core.promotion import Promotion
 from tasks.core.stage_records import ValidateStats
 from tasks.ml import sts
 from tasks.stages import drift
@@ -35,6 +36,8 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     )
     promoted, promoted_etag = catalog.read_pointer(params.store, Pointer.MODEL)
     if skipped := stage_run.skip_result(force):
+        if params.promote and skipped.manifest is not None:
+            promotion.settle_model(params.store, skipped.manifest)
         return skipped
     other = promoted.model_run if promoted and promoted.model_run != params.model_run else None
     with stage_run.phase("encode_and_score"):
@@ -61,7 +64,8 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
         ),
     )
     _write_report(stage_run, distilled, report, measured.plots)
-    stage_run.stats = report.model_dump()
+    recorded = Promotion(promoted_etag).as_stats() if decision.passed and params.promote else {}
+    stage_run.stats = {**report.model_dump(), **recorded}
     result = stage_run.publish()
     if decision.passed and params.promote:
         promotion.promote_model(params.store, params.model_run, measured.sts.student, stage_run.uri, promoted_etag)
