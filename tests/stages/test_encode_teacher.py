@@ -1,6 +1,7 @@
 import gzip
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from tasks import cli
 from tasks.core import catalog, config, contracts, manifest, sentences, storage
 from tasks.core.catalog import Stage
 from tasks.ml import models
+from tasks.ml.encoder import SentenceEncoder
+from tasks.ml.models import ModelError
 from tasks.stages import encode_teacher, stage_corpus
 from tests.support.paths import CORPUS, REPO, SUPPORT
 from tests.support.tiny_models import build_sentence_model
@@ -108,7 +111,7 @@ def test_float16_output_and_shard_selection(store, tmp_path, tiny_model):
         encode_teacher.run(_params(store, tiny_model, shards=[7]))
 
 
-def test_nan_embeddings_fail_the_shard_naming_it(store, tmp_path, tiny_model):
+def test_nan_weights_or_embeddings_fail_naming_the_model_or_the_shard(store, tmp_path, tiny_model, monkeypatch):
     broken = tmp_path / "broken"
     build_sentence_model(broken)
     weights = load_file(broken / "model.safetensors")
@@ -116,8 +119,18 @@ def test_nan_embeddings_fail_the_shard_naming_it(store, tmp_path, tiny_model):
     weights[name] = torch.full_like(weights[name], float("nan"))
     save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
     _stage(store, tmp_path, n=10)
-    with pytest.raises(encode_teacher.EncodeError, match=r"sentences/ingest_date=2026-11-01/part-00000-.*NaN"):
+    with pytest.raises(ModelError, match=f"^{re.escape(str(broken))}: weight .*word_embeddings.weight holds NaN"):
         encode_teacher.run(_params(store, broken))
+    encode = SentenceEncoder.encode
+
+    def one_nan(self, texts, **options):
+        vectors = encode(self, texts, **options)
+        vectors[3, 1] = np.nan
+        return vectors
+
+    monkeypatch.setattr(SentenceEncoder, "encode", one_nan)
+    with pytest.raises(encode_teacher.EncodeError, match=r"sentences/ingest_date=2026-11-01/part-00000-.*: 1 sentence"):
+        encode_teacher.run(_params(store, tiny_model))
     assert storage.list_uris(f"{store}/teacher") == []
     assert manifest.list_keys(store, "encode_teacher") == []
 

@@ -3,6 +3,7 @@ import html
 import json
 import logging
 import re
+import threading
 from datetime import date
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from tasks.core import catalog, config, storage
-from tasks.core.catalog import Pointer
+from tasks.core.catalog import Pointer, Stage
 from tasks.stages import validate
 from tests.support.projected_store import PCA_NAME, corpus_lines, distill_tiny, projected_store
 
@@ -336,3 +337,28 @@ def test_a_rerun_completes_a_model_promotion_its_run_did_not_finish(store, monke
     assert _validate(store, model_run="good", max_regression=100.0).skipped
     assert catalog.read_pointer(store, Pointer.MODEL)[0].model_run == "short"  # never taken back by a rerun
     assert "validate good: superseded: the pointer moved since this run read it" in caplog.messages
+
+
+def test_two_promotions_at_once_have_one_winner(store):
+    """Last in the module, after the one that leaves 'short' promoted: both race from that pointer's version."""
+    _, seen = catalog.read_pointer(store, Pointer.MODEL)
+    barrier, outcomes = threading.Barrier(2), []
+
+    def promote(model_run):
+        barrier.wait()
+        uri = catalog.manifest_uri(store, Stage.VALIDATE, model_run)
+        try:
+            validate.promotion.promote_model(store, model_run, {"STS-B test": 1.0}, uri, seen)
+            outcomes.append(model_run)
+        except validate.ValidateError as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=promote, args=(run,)) for run in ("good", "short")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    [winner] = [o for o in outcomes if isinstance(o, str)]
+    [lost] = [o for o in outcomes if isinstance(o, validate.ValidateError)]
+    assert "another promotion happened since this validation started" in str(lost)
+    assert catalog.read_pointer(store, Pointer.MODEL)[0].model_run == winner

@@ -36,9 +36,7 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     )
     promoted, promoted_etag = catalog.read_pointer(params.store, Pointer.MODEL)
     if skipped := stage_run.skip_result(force):
-        if params.promote and skipped.manifest is not None:
-            promotion.settle_model(params.store, skipped.manifest)
-        return skipped
+        return _settled(params, skipped)
     other = promoted.model_run if promoted and promoted.model_run != params.model_run else None
     with stage_run.phase("encode_and_score"):
         measured = scoring.measure(params, distilled, pair_sets, other)
@@ -67,12 +65,24 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     recorded = Promotion(promoted_etag).as_stats() if decision.passed and params.promote else {}
     stage_run.stats = {**report.model_dump(), **recorded}
     result = stage_run.publish()
-    if decision.passed and params.promote:
-        promotion.promote_model(params.store, params.model_run, measured.sts.student, stage_run.uri, promoted_etag)
+    _promote(params, decision.passed, measured.sts.student, stage_run.uri, promoted_etag)
+    return result
+
+
+def _settled(params: ValidateParams, skipped: manifest.StageResult) -> manifest.StageResult:
+    """A skipped run, its promotion settled first when it promotes (:func:`promotion.settle_model`)."""
+    if params.promote and skipped.manifest is not None:
+        promotion.settle_model(params.store, skipped.manifest)
+    return skipped
+
+
+def _promote(params: ValidateParams, passed: bool, scores: dict[str, float], uri: str, etag: str | None) -> None:
+    """Promote the validated run when its gate passed and promote is on; else say why not."""
+    if passed and params.promote:
+        promotion.promote_model(params.store, params.model_run, scores, uri, etag)
     else:
         why = "the gate failed" if params.promote else "promote is off"
         log.info("validate %s: not promoted (%s)", params.model_run, why)
-    return result
 
 
 def _write_report(
