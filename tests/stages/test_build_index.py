@@ -14,6 +14,7 @@ from tasks.core.finite import NonFiniteError
 from tasks.core.progress import format_bytes
 from tasks.ml import vector_index
 from tasks.stages import build_index
+from tests.support import faults
 from tests.support.projected_store import distill_tiny, projected_store
 
 pytestmark = pytest.mark.models
@@ -254,16 +255,7 @@ def test_bad_settings_write_nothing(store):
 
 
 def test_non_finite_embeddings_are_refused_naming_the_shard_before_anything_is_indexed(store, monkeypatch):
-    from tasks.ml.encoder import SentenceEncoder
-
-    encode = SentenceEncoder.encode
-
-    def one_nan(self, texts, **options):
-        vectors = encode(self, texts, **options)
-        vectors[1, 0] = np.nan
-        return vectors
-
-    monkeypatch.setattr(SentenceEncoder, "encode", one_nan)
+    faults.nan_in_encodings(monkeypatch, 1, 0)
     shard = re.escape(f"{store}/sentences/")
     with pytest.raises(NonFiniteError, match=f"^{shard}.* encoded by tiny: 1 NaN or infinite embedding value"):
         _build(store, index_type="flat", name="non-finite", promote=False)

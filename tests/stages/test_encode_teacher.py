@@ -21,9 +21,9 @@ from tasks import cli
 from tasks.core import catalog, config, contracts, manifest, sentences, storage
 from tasks.core.catalog import Stage
 from tasks.ml import models
-from tasks.ml.encoder import SentenceEncoder
 from tasks.ml.models import ModelError
 from tasks.stages import encode_teacher, stage_corpus
+from tests.support import faults
 from tests.support.paths import CORPUS, REPO, SUPPORT
 from tests.support.tiny_models import build_sentence_model
 
@@ -121,14 +121,7 @@ def test_nan_weights_or_embeddings_fail_naming_the_model_or_the_shard(store, tmp
     _stage(store, tmp_path, n=10)
     with pytest.raises(ModelError, match=f"^{re.escape(str(broken))}: weight .*word_embeddings.weight holds NaN"):
         encode_teacher.run(_params(store, broken))
-    encode = SentenceEncoder.encode
-
-    def one_nan(self, texts, **options):
-        vectors = encode(self, texts, **options)
-        vectors[3, 1] = np.nan
-        return vectors
-
-    monkeypatch.setattr(SentenceEncoder, "encode", one_nan)
+    faults.nan_in_encodings(monkeypatch, 3, 1)
     with pytest.raises(encode_teacher.EncodeError, match=r"sentences/ingest_date=2026-11-01/part-00000-.*: 1 sentence"):
         encode_teacher.run(_params(store, tiny_model))
     assert storage.list_uris(f"{store}/teacher") == []
