@@ -367,3 +367,17 @@ def move_pointer(store: str, value: ModelPointer | IndexPointer, seen_etag: str 
         storage.compare_and_swap(uri, json.dumps(record, indent=2).encode(), seen_etag)
     except storage.PreconditionFailed:
         raise PointerMoved(f"{uri}: moved by another run since this one read it") from None
+
+
+def promoted_manifests(store: str) -> dict[str, list[str]]:
+    """Manifest URI -> the pointers that name that run now (directly, or through the distill run they name)."""
+    model, _ = read_pointer(store, Pointer.MODEL)
+    index, _ = read_pointer(store, Pointer.INDEX)
+    named: dict[str, list[str]] = {}
+    if model is not None:
+        named.setdefault(model.validation, []).append(Pointer.MODEL)
+        named.setdefault(manifest_uri(store, Stage.DISTILL, model.model_run), []).append(Pointer.MODEL)
+    if index is not None:
+        named.setdefault(index.manifest, []).append(Pointer.INDEX)
+        named.setdefault(manifest_uri(store, Stage.DISTILL, index.model_run), []).append(Pointer.INDEX)
+    return named

@@ -337,20 +337,6 @@ class Impacted:
         return TypeAdapter(cls).validate_python(record)
 
 
-def _promoted_by(store: str) -> dict[str, list[str]]:
-    """Manifest URI -> the pointers that name that run now."""
-    model, _ = catalog.read_pointer(store, Pointer.MODEL)
-    index, _ = catalog.read_pointer(store, Pointer.INDEX)
-    named: dict[str, list[str]] = {}
-    if model is not None:
-        named.setdefault(model.validation, []).append(Pointer.MODEL)
-        named.setdefault(catalog.manifest_uri(store, Stage.DISTILL, model.model_run), []).append(Pointer.MODEL)
-    if index is not None:
-        named.setdefault(index.manifest, []).append(Pointer.INDEX)
-        named.setdefault(catalog.manifest_uri(store, Stage.DISTILL, index.model_run), []).append(Pointer.INDEX)
-    return named
-
-
 def impacted(store: str, what: str) -> list[Impacted]:
     """Every stage run downstream of the partition or source ``what`` (the runs that staged a partition
     included), in pipeline order, each with its outputs and whether it is promoted: what to recall."""
@@ -358,7 +344,7 @@ def impacted(store: str, what: str) -> list[Impacted]:
     runs, uris = graph.seeds(what)
     found = [(uri, graph.manifests[uri]) for uri in graph.downstream(runs, uris)]
     found.sort(key=lambda item: (list(Stage).index(Stage(item[1].stage)), item[1].key))
-    promoted = _promoted_by(graph.store)
+    promoted = catalog.promoted_manifests(graph.store)
     return [
         Impacted(m.stage, m.key, uri, tuple(graph.key(o.uri) for o in m.outputs), tuple(promoted.get(uri, ())))
         for uri, m in found

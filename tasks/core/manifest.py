@@ -477,8 +477,7 @@ class StageRun:
         return fingerprint(self.stage, self.key, self.inputs, self.params, self.store)
 
     def previous(self) -> Manifest | None:
-        """The manifest already published for this stage and key (any fingerprint), if any; raises
-        :class:`ManifestError` naming the URI when what is published there is not a valid manifest."""
+        """The manifest published for this stage and key, if any (:class:`ManifestError` when not valid)."""
         return self._published.valid()
 
     def previous_outputs(self) -> set[str]:
@@ -487,8 +486,7 @@ class StageRun:
         replaced = self._published.seen()
         return {o.uri for o in replaced.outputs} if replaced else set()
 
-    def completed(self) -> Manifest | None:
-        """The published manifest if the work is done: this run's fingerprint, every output intact."""
+    def completed(self) -> Manifest | None:  # the published manifest if the work is done, its outputs intact
         return self._published.verdict(self.fingerprint, self.params, self.inputs)[0]
 
     def skip_result(self, force: bool) -> StageResult | None:
