@@ -517,7 +517,7 @@ CASES = [
             f"{{pointer}}: not a {pointer} pointer (not readable JSON: ",
             on=BOTH,
             seed=_truncated(pointer),
-            in_process=argv[0] in ("search", "build-index"),
+            in_process=True,
         )
         for pointer, argv in (
             ("indexes/current.json", ("search", "a query", "--store", "{store}")),
