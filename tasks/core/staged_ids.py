@@ -234,6 +234,19 @@ def record(store: str, index: Index, key: str, published: manifest.Manifest, ids
     storage.compare_and_swap(index_uri(store), document.to_json(), index.etag)
 
 
+def record_if_missing(store: str, key: str, published: manifest.Manifest) -> bool:
+    """Record the partition ``key`` of ``published`` from its shards when the index does not hold it as published
+    (a staging stopped between its publish and its record); whether it recorded."""
+    document, _ = _read_document(store)
+    entry = document.partitions.get(key) if document else None
+    if entry is not None and entry.digest == outputs_digest(published):
+        return False
+    ids = _partition_ids(key, published)
+    by_bucket = ids.with_columns(bucket=bucket_of_bytes(pl.col("sentence_id")))
+    record(store, load(store, key), key, published, lambda b: by_bucket.filter(pl.col("bucket") == b)["sentence_id"])
+    return True
+
+
 def _reconciled(
     store: str, recorded: dict[str, PartitionEntry], exclude_key: str
 ) -> tuple[dict[str, PartitionEntry], dict[str, manifest.Manifest]]:

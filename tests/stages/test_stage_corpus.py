@@ -308,3 +308,43 @@ def test_the_batch_size_changes_nothing_staged(store, tmp_path):
     assert small.stats == whole.stats
     assert small.stats["dropped"] == {"empty": 1, "too_long": 1, "duplicate_in_input": 4, "already_staged": 0}
     assert [r["text"] for r in _staged_rows(store)] == ["one", "two", "three", "four", "five", "six"]
+
+
+class _Killed(BaseException):
+    """Ends a run where a kill would, past every ``except Exception``."""
+
+
+def _staged_id_files(store: str) -> dict[str, object]:
+    """The staged-id index's segments (bytes) and ``index.json`` without the versions of the manifests it saw
+    (a manifest holds its run's id and times, so two runs' versions differ)."""
+    root = storage.join(store, "staged_ids")
+    files: dict[str, object] = {uri.removeprefix(root): storage.read_bytes(uri) for uri in storage.list_uris(root)}
+    if "/index.json" in files:
+        document = json.loads(files["/index.json"])
+        for entry in document["partitions"].values():
+            entry.pop("manifest", None)
+        files["/index.json"] = document
+    return files
+
+
+@pytest.mark.parametrize("day2", [False, True], ids=["first-partition", "beside-another"])
+def test_a_rerun_records_the_staged_ids_its_run_did_not(store_root, tmp_path, monkeypatch, day2):
+    """Killed between publishing the partition and recording its ids, a staging's rerun (a skip) records them:
+    the staged-id index ends byte for byte as an unbroken run leaves it."""
+    source = tmp_path / "raw.txt"
+    source.write_text("".join(f"sentence {i} of the day\n" for i in range(120)))
+    stores = {name: storage.join(store_root, name) for name in ("clean", "killed")}
+    if day2:
+        for store in stores.values():
+            run(_params(store, source, ingest_date=DAY2, limit=50))
+    run(_params(stores["clean"], source, shard_rows=40))
+    with monkeypatch.context() as patch:
+        patch.setattr(stage_corpus.staged_ids, "record", lambda *args: (_ for _ in ()).throw(_Killed()))
+        with pytest.raises(_Killed):
+            run(_params(stores["killed"], source, shard_rows=40))
+    assert manifest.read(stores["killed"], Stage.STAGE_CORPUS, catalog.partition_key(DAY1)) is not None
+    assert run(_params(stores["killed"], source, shard_rows=40)).skipped
+    assert _staged_id_files(stores["killed"]) == _staged_id_files(stores["clean"]) != {}
+    before = _staged_id_files(stores["killed"])
+    assert run(_params(stores["killed"], source, shard_rows=40)).skipped
+    assert _staged_id_files(stores["killed"]) == before  # recorded once: a rerun over it writes nothing

@@ -59,6 +59,8 @@ def run(params: StageCorpusParams, force: bool = False, progress: bool = False) 
         ],
     )
     if skipped := stage_run.skip_result(force):
+        if skipped.manifest is not None and staged_ids.record_if_missing(params.store, stage_run.key, skipped.manifest):
+            log.info("%s: recorded in the staged-id index, which its run had not done", stage_run.key)
         return skipped
     with tempfile.TemporaryDirectory(prefix="hpd-stage-corpus-") as folder, closing(Spill(Path(folder))) as spill:
         with stage_run.phase("read_normalise"):
