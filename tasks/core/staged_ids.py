@@ -167,7 +167,7 @@ class Index:
         """The ids of ``bucket`` re-read from the shards of their partitions."""
         if self.repaired.is_empty():
             return self.repaired
-        return self.repaired.filter(bucket_of_bytes(pl.col("sentence_id")) == bucket)
+        return _in_bucket(self.repaired, bucket)
 
 
 def bucket_of(sentence_id: pl.Expr) -> pl.Expr:
@@ -242,8 +242,7 @@ def record_if_missing(store: str, key: str, published: manifest.Manifest) -> boo
     if entry is not None and entry.digest == outputs_digest(published):
         return False
     ids = _partition_ids(key, published)
-    by_bucket = ids.with_columns(bucket=bucket_of_bytes(pl.col("sentence_id")))
-    record(store, load(store, key), key, published, lambda b: by_bucket.filter(pl.col("bucket") == b)["sentence_id"])
+    record(store, load(store, key), key, published, lambda bucket: _in_bucket(ids, bucket).get_column("sentence_id"))
     return True
 
 
@@ -308,6 +307,11 @@ def _read_segment(store: str, name: str, entry: SegmentEntry, partitions: set[st
         rows = ids.metadata.row_group(group).num_rows
         spans[bucket], start = (start, rows), start + rows
     return Segment(entry, ids, spans, frozenset(partitions))
+
+
+def _in_bucket(rows: pl.DataFrame, bucket: str) -> pl.DataFrame:
+    """The ``rows`` whose raw ``sentence_id`` lies in ``bucket``."""
+    return rows.filter(bucket_of_bytes(pl.col("sentence_id")) == bucket)
 
 
 def _empty() -> pl.DataFrame:

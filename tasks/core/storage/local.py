@@ -145,9 +145,9 @@ class LocalBackend:
         return found
 
 
-def _write_temp(uri: str, data: Data | BinaryIO) -> tuple[str, int, str]:
-    """Write ``data`` completely to a fsynced hidden temp file; return (temp path, size, etag)."""
-    folder, name = os.path.split(path_of(uri))
+def _write_temp(path: str, data: Data | BinaryIO) -> tuple[str, int, str]:
+    """Write ``data`` completely to a fsynced hidden temp file beside ``path``; return (temp path, size, etag)."""
+    folder, name = os.path.split(path)
     os.makedirs(folder, exist_ok=True)
     tmp = os.path.join(folder, f"{TMP_PREFIX}{name}-{secrets.token_hex(6)}")
     digest, size = hashlib.sha256(), 0
@@ -166,26 +166,28 @@ def _write_temp(uri: str, data: Data | BinaryIO) -> tuple[str, int, str]:
 
 
 def _publish(uri: str, data: Data | BinaryIO) -> ObjectInfo:
-    tmp, size, etag = _write_temp(uri, data)
+    path = path_of(uri)
+    tmp, size, etag = _write_temp(path, data)
     try:
-        os.replace(tmp, path_of(uri))
+        os.replace(tmp, path)
     except BaseException:
         _unlink_quietly(tmp)
         raise
-    _fsync_folder(os.path.dirname(path_of(uri)))
+    _fsync_folder(os.path.dirname(path))
     return ObjectInfo(uri, size, etag)
 
 
 def _link(uri: str, data: Data) -> ObjectInfo | None:
     """Publish only if absent (hard link of a complete temp file); None when it existed."""
-    tmp, size, etag = _write_temp(uri, data)
+    path = path_of(uri)
+    tmp, size, etag = _write_temp(path, data)
     try:
-        os.link(tmp, path_of(uri))
+        os.link(tmp, path)
     except FileExistsError:
         return None
     finally:
         _unlink_quietly(tmp)
-    _fsync_folder(os.path.dirname(path_of(uri)))
+    _fsync_folder(os.path.dirname(path))
     return ObjectInfo(uri, size, etag)
 
 
