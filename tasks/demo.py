@@ -19,7 +19,7 @@ from datetime import date
 from pathlib import Path
 
 from tasks.core import catalog, manifest
-from tasks.core.catalog import Pointer, Stage
+from tasks.core.catalog import Pointer
 
 # The demo runs from a checkout: its DAG folder and the vendored corpus, relative to the working directory.
 DAGS_FOLDER = Path("dags")
@@ -129,14 +129,14 @@ def locations(store: str) -> dict[str, str]:
     pointer, _ = catalog.read_pointer(store, Pointer.MODEL)
     if pointer is None:
         raise DemoError(f"{store}: no promoted model (the quality gate did not pass; see the validate manifest)")
-    run = pointer.model_run
-    validated = manifest.read(store, Stage.VALIDATE, run)
     index, _ = catalog.read_pointer(store, Pointer.INDEX)
-    if validated is None or index is None:
-        raise DemoError(f"{store}: the promoted model {run!r} has no validation manifest or no index was promoted")
+    if index is None:
+        raise DemoError(f"{store}: no index was promoted")
+    validated = manifest.read_at(store, pointer.validation)
+    served = manifest.read_at(store, catalog.distill_manifest(store, pointer))
     return {
-        "model run": run,
-        "model (sentence-transformers folder)": student.exported_prefix(store, run),
+        "model run": pointer.model_run,
+        "model (sentence-transformers folder)": student.model_folder(served),
         "validation report": validated.output_named("report.html").uri,
         "index": index.index,
     }

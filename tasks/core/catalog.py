@@ -10,20 +10,25 @@ fixed here:
 ``teacher/<teacher>/ingest_date=D/``                    teacher embeddings (encode_teacher)
 ``pca/<teacher>/<pca run>/<fp12>/``                     the PCA artifact and its summary (fit_pca)
 ``targets/<teacher>/<pca run>/``                        projected targets (fit_pca)
-``students/<run>/<fp12>/``, ``students/<run>/checkpoints/``  exported student, checkpoints (distill)
-``validation/<run>/<fp12>/``                            metrics and report (validate)
-``indexes/<name>/<fp12>/``                              FAISS index and id map (build_index)
+``students/<run>/<run id>/``, ``students/<run>/checkpoints/``  exported student, checkpoints (distill)
+``validation/<run>/<run id>/``                          metrics and report (validate)
+``indexes/<name>/<run id>/``                            FAISS index and id map (build_index)
 ``quality/ingest_date=D/<fp12>/results.json``           expectation results (quality)
 ``quality/ingest_date=D/<fp12>/data_docs/``             their great-expectations Data Docs, offline (quality)
 ``profiles/<teacher>/<pca run>/ingest_date=D/<fp12>/``  a partition's drift profile (profile)
 ``drift/ingest_date=D/<fp12>/drift.json``               a partition's drift from a model's data (drift)
-``manifests/<stage>/<key>.json``                        every stage run's manifest
+``manifests/<stage>/<key>.json``                        every stage run's manifest (its key's latest run)
+``manifest_versions/<stage>/<key>/<run id>.json``       every run's manifest, kept (distill, validate, build_index)
 ``models/current.json``, ``indexes/current.json``       the promoted model and index pointers
 =====================================================  ===========================================
 
 What the store records about itself (manifests, pointers, the distill checkpoint pointer) names objects
 below its root by their store-relative key (:func:`store_key`), resolved against the store that reads it
 (:func:`resolve`): a store copied to another root, or another bucket or prefix, is complete there.
+
+What a pointer names never changes (:data:`VERSIONED`): the runs of the stages whose work a pointer names
+(distill, validate, build_index) publish into a folder of their own run id, never into another run's, and each
+keeps its manifest as a version (``manifest_versions/``) beside the key's latest; pointers name the version.
 """
 
 from __future__ import annotations
@@ -63,6 +68,11 @@ class Dataset(StrEnum):
     STUDENT_EMBEDDINGS = "student_embeddings"
     INDEX_IDS = "index_ids"
 
+
+# The stages whose runs a pointer names: each run publishes into a folder of its own run id and keeps its
+# manifest as an immutable version (:func:`manifest_version_uri`), so a later run under the same name (with any
+# flags) never changes what a pointer names.
+VERSIONED = (Stage.DISTILL, Stage.VALIDATE, Stage.BUILD_INDEX)
 
 # The stages that write the ``sentences`` dataset, and the folder each writes to.
 SENTENCE_WRITERS = (Stage.STAGE_CORPUS, Stage.AUGMENT)
@@ -172,6 +182,15 @@ def manifest_uri(store: str, stage: Stage, key: str) -> str:
     return join(store, "manifests", stage, f"{key}.json")
 
 
+def manifest_version_uri(store: str, stage: Stage, key: str, run_id: str) -> str:
+    """The immutable copy of one run's manifest (a stage of :data:`VERSIONED`)."""
+    return join(store, "manifest_versions", stage, key, f"{run_id}.json")
+
+
+def manifest_versions_prefix(store: str) -> str:
+    return join(store, "manifest_versions")
+
+
 def manifests_prefix(store: str, stage: Stage, under: str = "") -> str:
     root = join(store, "manifests", stage)
     return join(root, under) if under else root
@@ -193,20 +212,20 @@ def targets_prefix(store: str, teacher: str, pca_name: str) -> str:
     return join(store, "targets", pca_key(teacher, pca_name))
 
 
-def student_prefix(store: str, run: str, fingerprint: str) -> str:
-    return join(store, "students", run, fingerprint[:_FINGERPRINT_CHARS])
+def student_prefix(store: str, run: str, run_id: str) -> str:
+    return join(store, "students", run, run_id)
 
 
 def checkpoints_prefix(store: str, run: str) -> str:
     return join(store, "students", run, "checkpoints")
 
 
-def validation_prefix(store: str, model_run: str, fingerprint: str) -> str:
-    return join(store, "validation", model_run, fingerprint[:_FINGERPRINT_CHARS])
+def validation_prefix(store: str, model_run: str, run_id: str) -> str:
+    return join(store, "validation", model_run, run_id)
 
 
-def index_prefix(store: str, name: str, fingerprint: str) -> str:
-    return join(store, "indexes", name, fingerprint[:_FINGERPRINT_CHARS])
+def index_prefix(store: str, name: str, run_id: str) -> str:
+    return join(store, "indexes", name, run_id)
 
 
 QUALITY_RESULTS = "results.json"  # a quality run's results, the file its manifest lists under this name
@@ -288,16 +307,21 @@ class Pointer(StrEnum):
 
 @dataclass(frozen=True)
 class ModelPointer:
-    """``models/current.json``: the promoted distill run, its STS scores and its validate manifest."""
+    """``models/current.json``: the promoted distill run, its STS scores, the version of its validate manifest,
+    and the version of the distill manifest it validated (``model``: None in a pointer written before versions,
+    which means the run's latest)."""
 
     model_run: str
     scores: dict[str, float]
     validation: str
+    model: str | None = None
 
 
 @dataclass(frozen=True)
 class IndexPointer:
-    """``indexes/current.json``: the promoted index, its id map, its build manifest and what it holds."""
+    """``indexes/current.json``: the promoted index, its id map, the version of its build manifest, what it holds,
+    and the version of the distill manifest whose student encoded it (``model``: None in a pointer written
+    before versions, which means the run's latest)."""
 
     index: str
     ids: str
@@ -305,6 +329,7 @@ class IndexPointer:
     model_run: str
     dim: int
     run_id: str
+    model: str | None = None
 
 
 _RECORDS: dict[Pointer, type[ModelPointer] | type[IndexPointer]] = {
@@ -313,8 +338,8 @@ _RECORDS: dict[Pointer, type[ModelPointer] | type[IndexPointer]] = {
 }
 # The fields that name objects: recorded as store-relative keys, resolved against the store reading them.
 _OBJECT_FIELDS: dict[Pointer, tuple[str, ...]] = {
-    Pointer.MODEL: ("validation",),
-    Pointer.INDEX: ("index", "ids", "manifest"),
+    Pointer.MODEL: ("validation", "model"),
+    Pointer.INDEX: ("index", "ids", "manifest", "model"),
 }
 
 
@@ -362,22 +387,30 @@ def move_pointer(store: str, value: ModelPointer | IndexPointer, seen_etag: str 
     uri = pointer_uri(store, pointer)
     record = asdict(value)
     for name in _OBJECT_FIELDS[pointer]:
-        record[name] = store_key(store, record[name]) or record[name]
+        if record[name] is not None:
+            record[name] = store_key(store, record[name]) or record[name]
     try:
         storage.compare_and_swap(uri, json.dumps(record, indent=2).encode(), seen_etag)
     except storage.PreconditionFailed:
         raise PointerMoved(f"{uri}: moved by another run since this one read it") from None
 
 
+def distill_manifest(store: str, pointer: ModelPointer | IndexPointer) -> str:
+    """The distill manifest (version) whose student ``pointer`` serves; a pointer written before versions names
+    none, and means its run's latest."""
+    return pointer.model or manifest_uri(store, Stage.DISTILL, pointer.model_run)
+
+
 def promoted_manifests(store: str) -> dict[str, list[str]]:
-    """Manifest URI -> the pointers that name that run now (directly, or through the distill run they name)."""
+    """Manifest URI (a version, or a latest a pointer from before versions names) -> the pointers that name that
+    run now (directly, or through the distill run they name)."""
     model, _ = read_pointer(store, Pointer.MODEL)
     index, _ = read_pointer(store, Pointer.INDEX)
     named: dict[str, list[str]] = {}
     if model is not None:
         named.setdefault(model.validation, []).append(Pointer.MODEL)
-        named.setdefault(manifest_uri(store, Stage.DISTILL, model.model_run), []).append(Pointer.MODEL)
+        named.setdefault(distill_manifest(store, model), []).append(Pointer.MODEL)
     if index is not None:
         named.setdefault(index.manifest, []).append(Pointer.INDEX)
-        named.setdefault(manifest_uri(store, Stage.DISTILL, index.model_run), []).append(Pointer.INDEX)
+        named.setdefault(distill_manifest(store, index), []).append(Pointer.INDEX)
     return named

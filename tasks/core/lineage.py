@@ -48,7 +48,9 @@ def encoded_partitions(store: str, teacher: str) -> set[date]:
 def untrained_partitions(store: str, teacher: str) -> list[date]:
     """Encoded partitions the promoted model was not trained on (all of them while none is promoted), sorted."""
     promoted, _ = catalog.read_pointer(store, Pointer.MODEL)
-    seen = trained_partitions(store, promoted.model_run) if promoted else set()
+    if promoted is None:
+        return sorted(encoded_partitions(store, teacher))
+    seen = partitions_read(store, manifest.read_at(store, catalog.distill_manifest(store, promoted)))
     return sorted(encoded_partitions(store, teacher) - seen)
 
 
@@ -67,22 +69,36 @@ class LineageError(ValueError):
 
 @dataclass(frozen=True)
 class StoreGraph:
-    """Every stage-run manifest of a store (gc runs aside), with who produced and who read each URI."""
+    """Every stage-run manifest of a store (gc runs aside), with who produced and who read each URI. A run of a
+    stage that keeps versions (:data:`catalog.VERSIONED`) is known by its version's URI, its key's latest
+    manifest an alias of it, and the kept versions of earlier runs are runs of the graph too."""
 
     store: str
     manifests: dict[str, manifest.Manifest]
     producers: dict[str, str]  # output URI -> manifest URI
     consumers: dict[str, list[str]]  # input URI -> manifest URIs
+    aliases: dict[str, str]  # a latest manifest's URI -> its version's
 
     @classmethod
     def read(cls, store: str) -> StoreGraph:
-        """One walk over the store's manifests (each validated as it is read)."""
-        graph = cls(storage.to_uri(store), {}, {}, {})
-        for stage in Stage:
-            if stage is not Stage.GC:
-                for key in manifest.list_keys(graph.store, stage):
-                    graph.add(catalog.manifest_uri(graph.store, stage, key), manifest.read(graph.store, stage, key))
+        """One walk over the store's manifests and kept versions (each validated as it is read)."""
+        store, found = storage.to_uri(store), list[tuple[str, manifest.Manifest | None]]()
+        for stage in (stage for stage in Stage if stage is not Stage.GC):
+            found += [
+                (catalog.manifest_uri(store, stage, key), manifest.read(store, stage, key))
+                for key in manifest.list_keys(store, stage)
+            ]
+        aliases = {uri: m.version_uri(store) for uri, m in found if m and Stage(m.stage) in catalog.VERSIONED}
+        graph = cls(store, {}, {}, {}, aliases)
+        kept = [uri for uri in storage.list_uris(catalog.manifest_versions_prefix(store)) if uri.endswith(".json")]
+        found += [(uri, manifest.read_at(store, uri)) for uri in kept if uri not in graph.aliases.values()]
+        for uri, record in found:
+            graph.add(graph.canonical(uri), record)
         return graph
+
+    def canonical(self, uri: str) -> str:
+        """The URI the graph knows a manifest by (a latest's version)."""
+        return self.aliases.get(uri, uri)
 
     def add(self, uri: str, record: manifest.Manifest | None) -> None:
         if record is None:  # deleted between the listing and the read
@@ -91,12 +107,12 @@ class StoreGraph:
         for output in record.outputs:
             self.producers.setdefault(output.uri, uri)
         for item in record.inputs:
-            self.consumers.setdefault(item.uri, []).append(uri)
+            self.consumers.setdefault(self.canonical(item.uri), []).append(uri)
 
     def manifest_at(self, uri: str) -> manifest.Manifest:
-        if uri not in self.manifests:
+        if self.canonical(uri) not in self.manifests:
             raise LineageError(f"{uri}: no such manifest in the store {self.store}")
-        return self.manifests[uri]
+        return self.manifests[self.canonical(uri)]
 
     def key(self, uri: str) -> str:
         """``uri`` as the store names it (its store-relative key), or the URI of what lies outside it."""
@@ -232,6 +248,7 @@ class _Walk:
                 f"{uri}: fingerprint {record.fingerprint[:12]} differs from the {fingerprint[:12]} recorded by "
                 f"{reader}: the {record.stage} run was replaced since"
             )
+        uri = self.graph.canonical(uri)
         seen, status = uri in self.expanded, None if fingerprint is None else VERIFIED
         self.expanded.add(uri)
         children = () if seen else tuple(self.input(i.uri, i.sha256, uri) for i in record.inputs)
@@ -239,7 +256,7 @@ class _Walk:
 
     def input(self, uri: str, sha256: str, reader: str) -> Node:
         """An object ``reader`` lists with ``sha256``, checked, and the run that produced it."""
-        if uri in self.graph.manifests:  # a run read as a whole (validate, build_index read distill's)
+        if self.graph.canonical(uri) in self.graph.manifests:  # a run read whole (validate, build_index: distill's)
             return self.run(uri, sha256, reader)
         outside = catalog.store_key(self.graph.store, uri) is None
         status = self.check(uri, sha256, reader, outside)
@@ -279,9 +296,7 @@ class _Walk:
             named: tuple[Node, ...] = () if index is None else (self.output(index.index), self.output(index.ids))
         else:
             model, _ = catalog.read_pointer(store, Pointer.MODEL)
-            runs = (
-                () if model is None else (model.validation, catalog.manifest_uri(store, Stage.DISTILL, model.model_run))
-            )
+            runs = () if model is None else (model.validation, catalog.distill_manifest(store, model))
             named = tuple(self.run(run) for run in runs)
         if not named:
             raise LineageError(f"{uri}: nothing is promoted (no pointer)")
@@ -307,10 +322,10 @@ def trace(store: str, target: str) -> Lineage:
         root = walk.pointer(Pointer(graph.key(uri)))
     elif (
         re.fullmatch(catalog.RUN_NAME_PATTERN, target)
-        and (run := catalog.manifest_uri(graph.store, Stage.DISTILL, target)) in graph.manifests
+        and (run := graph.canonical(catalog.manifest_uri(graph.store, Stage.DISTILL, target))) in graph.manifests
     ):
         root = walk.run(run)
-    elif uri in graph.manifests:
+    elif graph.canonical(uri) in graph.manifests:
         root = walk.run(uri)
     else:
         root = walk.output(uri)

@@ -176,6 +176,10 @@ class Manifest:
             read.stage, read.key, read.run_id, read.fingerprint, inputs, outputs, read.params, read.stats, document
         )
 
+    def version_uri(self, store: str) -> str:
+        """Where this run's manifest is kept unchanged (a stage of :data:`catalog.VERSIONED`), in ``store``."""
+        return catalog.manifest_version_uri(store, Stage(self.stage), self.key, self.run_id)
+
     def outputs_of(self, contract: str) -> list[Output]:
         """The outputs written under data contract ``contract``."""
         return [o for o in self.outputs if o.contract == contract]
@@ -553,6 +557,8 @@ class StageRun:
         self._published.seen()  # a corrupt manifest is replaced: only its etag is needed
         document = self.build()
         body = json.dumps(document, indent=2, sort_keys=True).encode()
+        if self.stage in catalog.VERSIONED:  # the version first: a pointer may name it once the latest is out
+            storage.write_bytes(catalog.manifest_version_uri(self.store, self.stage, self.key, self.run_id), body)
         try:
             storage.compare_and_swap(self.uri, body, self._published.etag)
         except storage.PreconditionFailed:
@@ -593,6 +599,16 @@ def read(store: str, stage: Stage, key: str) -> Manifest | None:
         body = storage.read_bytes(uri)
     except storage.ObjectNotFound:
         return None
+    return parse(uri, body, store)
+
+
+def read_at(store: str, uri: str) -> Manifest:
+    """The manifest at ``uri`` (a latest or a kept version), its keys resolved against ``store``;
+    :class:`ManifestError` naming the URI when it is missing or not a valid one."""
+    try:
+        body = storage.read_bytes(uri)
+    except storage.ObjectNotFound:
+        raise ManifestError(f"{uri}: no such manifest") from None
     return parse(uri, body, store)
 
 

@@ -81,8 +81,9 @@ def _validation(store: str, name: str, distilled: manifest.Manifest) -> tuple[st
     validated = manifest.read(store, Stage.VALIDATE, name)
     if validated is None:
         return NOT_VALIDATED, None
-    distill_uri = catalog.manifest_uri(store, Stage.DISTILL, name)
-    if not any(i.uri == distill_uri and i.sha256 == distilled.fingerprint for i in validated.inputs):
+    # the run's version (or, for a validation from before versions, its key's latest)
+    this_run = {distilled.version_uri(store), catalog.manifest_uri(store, Stage.DISTILL, name)}
+    if not any(i.uri in this_run and i.sha256 == distilled.fingerprint for i in validated.inputs):
         return STALE, None
     uri = catalog.manifest_uri(store, Stage.VALIDATE, name)
     measured = ValidateStats.parse(validated.stats, f"the stats of {uri}")

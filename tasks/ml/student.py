@@ -152,25 +152,35 @@ def initialise_head(
     return {"init": init, "rows": len(texts), **({"ridge_alpha": ridge_alpha} if init == "ridge" else {})}
 
 
-def _published_model(store: str, run: str) -> tuple[manifest.Manifest, str]:
-    """Distill run ``run``'s manifest and its exported sentence-transformers folder (``.../model``)."""
+def _published_model(store: str, run: str) -> manifest.Manifest:
+    """Distill run ``run``'s latest manifest."""
     published = manifest.read(store, Stage.DISTILL, run)
     if published is None:
         raise StudentError(f"{store}: no published distill run {run!r}")
-    modules = published.output_named(f"{MODEL_FOLDER}/modules.json").uri
-    return published, modules.removesuffix("/modules.json")
+    return published
+
+
+def model_folder(published: manifest.Manifest) -> str:
+    """The exported sentence-transformers folder (``.../model``) a distill manifest lists."""
+    return published.output_named(f"{MODEL_FOLDER}/modules.json").uri.removesuffix("/modules.json")
 
 
 def exported_prefix(store: str, run: str) -> str:
-    """The exported sentence-transformers folder (``.../model``) of published distill run ``run``."""
-    return _published_model(store, run)[1]
+    """The exported sentence-transformers folder (``.../model``) of distill run ``run``'s latest."""
+    return model_folder(_published_model(store, run))
 
 
 def fetch_exported(store: str, run: str, into: Path) -> Path:
-    """Download the exported student of distill run ``run`` into ``into``. Every file's URI comes from
-    the run's manifest, so each is checked before anything is downloaded (see :func:`local_files`), and its
-    bytes are verified against the digest the manifest records (:class:`~tasks.core.storage.IntegrityError`)."""
-    published, folder = _published_model(store, run)
+    """Download the exported student of distill run ``run``'s latest into ``into`` (:func:`fetch_published`)."""
+    return fetch_published(_published_model(store, run), into)
+
+
+def fetch_published(published: manifest.Manifest, into: Path) -> Path:
+    """Download the exported student a distill manifest (a latest or a kept version) lists into ``into``. Every
+    file's URI comes from the manifest, so each is checked before anything is downloaded (see
+    :func:`local_files`), and its bytes are verified against the digest the manifest records
+    (:class:`~tasks.core.storage.IntegrityError`)."""
+    folder = model_folder(published)
     checked = [(o.sha256, local_files([o.uri], folder, into)) for o in published.outputs]
     for sha256, files in checked:
         for uri, path in files:

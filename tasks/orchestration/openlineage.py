@@ -27,9 +27,9 @@ def forget_earlier_tasks(context: object = None) -> None:
 
 
 def report(result: StageResult, store: str) -> None:
-    """The stage run's inputs and outputs, as its manifests list them, and its manifest (which the next stage
-    may read, as build-index reads the student's) as this task's lineage; also when the run was skipped: the
-    manifests still say what the outputs were made from. A dataset shard carries its contract's name."""
+    """The stage run's inputs and outputs, as its manifests list them, and its manifest and kept version (which
+    the next stage may read, as build-index reads the student's) as this task's lineage; also when the run was
+    skipped: the manifests still say what the outputs were made from. A dataset shard carries its contract's name."""
     collector = get_hook_lineage_collector()
     for read in result.inputs:
         collector.add_input_asset(None, uri=read.uri, asset_extra=_contract(catalog.dataset_at(store, read.uri)))
@@ -37,6 +37,8 @@ def report(result: StageResult, store: str) -> None:
         collector.add_output_asset(None, uri=written.uri, asset_extra=_contract(written.contract))
     if result.manifest is not None:
         collector.add_output_asset(None, uri=result.manifest_uri)
+        if catalog.Stage(result.manifest.stage) in catalog.VERSIONED:  # what the next stage records reading
+            collector.add_output_asset(None, uri=result.manifest.version_uri(store))
 
 
 def _contract(name: str | None) -> dict[str, str] | None:

@@ -11,10 +11,10 @@ on a sample of the corpus as queries (each one's own row left out), reaches ``ta
 rising; the value found is saved in the index. The manifest records build time, bytes, the search breadth, queries/s at
 batch 1 and 64 and recall@10.
 
-The index, its id map (``index_ids``) and the manifest are published under
-``indexes/<name>/<fingerprint12>/``; only then does ``indexes/current.json`` move, by
-compare-and-swap against the version read before the build, so concurrent rebuilds cannot leave it
-naming a missing or partial index: one wins, the other fails with :class:`PromotionConflict`.
+The index and its id map (``index_ids``) are published under ``indexes/<name>/<run id>/`` (a later build under
+the same name never touches them), then the manifest (and its kept version); only then does
+``indexes/current.json`` move, by compare-and-swap against the version read before the build, so concurrent
+rebuilds cannot leave it naming a missing or partial index: one wins, the other fails with :class:`PromotionConflict`.
 """
 
 from __future__ import annotations
@@ -68,14 +68,10 @@ def factory_string(index_type: str, rows: int, dim: int, params: BuildIndexParam
 
 def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Encode the corpus, build and publish the index, then promote it by compare-and-swap."""
-    params = _with_model_run(params)
-    assert params.model_run is not None
+    params, distilled = _student_run(params)
     staged = _corpus_shards(params)
-    distilled = manifest.read(params.store, Stage.DISTILL, params.model_run)
-    if distilled is None:
-        raise IndexBuildError(f"{params.store}: no published distill run {params.model_run!r}")
-    name = params.name or params.model_run
-    distill_uri = catalog.manifest_uri(params.store, Stage.DISTILL, params.model_run)
+    name = params.name or distilled.key
+    distill_uri = distilled.version_uri(params.store)  # the run as read now: a later one under its name changes nothing
     stage_run = manifest.StageRun(
         stage=Stage.BUILD_INDEX,
         key=name,
@@ -88,8 +84,8 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
         if params.promote and skipped.manifest is not None:
             _settle(params.store, skipped.manifest)
         return skipped
-    prefix = catalog.index_prefix(params.store, name, stage_run.fingerprint)
-    corpus = _encode_corpus(params, stage_run, staged, prefix, progress)
+    prefix = catalog.index_prefix(params.store, name, stage_run.run_id)
+    corpus = _encode_corpus(params, distilled, stage_run, staged, prefix, progress)
     recorded = promotion.Promotion(seen_etag).as_stats() if params.promote else {}
     stage_run.stats = {**_write_index(stage_run, prefix, corpus, params), **recorded}
     stage_run.add_shard(
@@ -113,14 +109,19 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
     return result
 
 
-def _with_model_run(params: BuildIndexParams) -> BuildIndexParams:
-    """``params`` with the promoted model's run when none is named."""
+def _student_run(params: BuildIndexParams) -> tuple[BuildIndexParams, manifest.Manifest]:
+    """The distill run whose student encodes the corpus: ``model_run``'s latest, or, when none is named, the
+    promoted model's (the version its pointer names); ``params`` with that run's name."""
     if params.model_run is not None:
-        return params
+        distilled = manifest.read(params.store, Stage.DISTILL, params.model_run)
+        if distilled is None:
+            raise IndexBuildError(f"{params.store}: no published distill run {params.model_run!r}")
+        return params, distilled
     pointer, _ = student.promoted(params.store)
     if pointer is None:
         raise IndexBuildError(f"{params.store}: no promoted model ({Pointer.MODEL}); validate one or pass model_run")
-    return params.model_copy(update={"model_run": pointer.model_run})
+    distilled = manifest.read_at(params.store, catalog.distill_manifest(params.store, pointer))
+    return params.model_copy(update={"model_run": pointer.model_run}), distilled
 
 
 def _corpus_shards(params: BuildIndexParams) -> list[manifest.Output]:
@@ -150,7 +151,12 @@ def _read_corpus(stage_run: manifest.StageRun, shards: list[manifest.Output]) ->
 
 
 def _encode_corpus(
-    params: BuildIndexParams, stage_run: manifest.StageRun, shards: list[manifest.Output], prefix: str, progress: bool
+    params: BuildIndexParams,
+    distilled: manifest.Manifest,
+    stage_run: manifest.StageRun,
+    shards: list[manifest.Output],
+    prefix: str,
+    progress: bool,
 ) -> EncodedCorpus:
     """Encode every corpus shard with the student, publishing its embeddings. Bad index settings and
     altered corpus shards fail before the first write."""
@@ -162,7 +168,7 @@ def _encode_corpus(
     ids, texts, blocks = [], [], []
     corpus = _read_corpus(stage_run, shards)
     with tempfile.TemporaryDirectory() as scratch, stage_run.phase("encode"):
-        encoder = SentenceEncoder.load(str(student.fetch_exported(params.store, params.model_run, Path(scratch))))
+        encoder = SentenceEncoder.load(str(student.fetch_published(distilled, Path(scratch))))
         rows = sum(i.rows or 0 for i in stage_run.inputs[1:])
         index_type = choose_type(params.index_type, rows)
         factory = factory_string(index_type, rows, encoder.dim, params)
@@ -257,10 +263,11 @@ def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> 
     pointer = catalog.IndexPointer(
         index_uri,
         ids_uri,
-        catalog.manifest_uri(store, Stage.BUILD_INDEX, published.key),
+        published.version_uri(store),
         published.params["model_run"],
         published.stats["dim"],
         published.run_id,
+        published.inputs[0].uri,
     )
     try:
         catalog.move_pointer(store, pointer, seen_etag)

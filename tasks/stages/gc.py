@@ -8,6 +8,8 @@ last-modified time), then reads what is live:
 
 * every manifest object (``manifests/...``), and every input and output that each manifest lists;
 * both pointers (``models/current.json``, ``indexes/current.json``) and the objects they name;
+* every kept manifest version (``manifest_versions/...``) a pointer or a live manifest names, and what it lists,
+  followed through the versions those name (a promoted index's build names the distill run it encoded with);
 * the staged-id index (``staged_ids/index.json``) and the segments it lists;
 * the checkpoint folder of every distill run whose ``latest.json`` exists, whole;
 * the lock file of an object that exists (a compare-and-swap may be holding it).
@@ -124,20 +126,34 @@ def _marks_left(marks: dict[str, datetime], doomed: list[storage.ListedObject], 
 
 
 def live_set(store: str, listed: list[storage.ListedObject]) -> set[str]:
-    """URIs that must stay: manifests and what they list, the pointers and what they name, live checkpoint
-    folders, and the lock files of existing objects. Raises when a manifest or pointer does not read."""
+    """URIs that must stay: manifests and what they list, the pointers and what they name, the kept manifest
+    versions a pointer or a live manifest names and what those list (and so on), live checkpoint folders, and
+    the lock files of existing objects. Raises when a manifest or pointer does not read."""
     uris = {o.uri for o in listed}
     manifests_root = storage.join(store, "manifests") + "/"
-    live: set[str] = set()
-    for uri in uris:
-        if uri.startswith(manifests_root) and not storage.hidden(uri):
-            live.add(uri)
-            if uri.endswith(".json"):
-                live |= referenced(store, uri)
+    live = {uri for uri in uris if uri.startswith(manifests_root) and not storage.hidden(uri)}
     live |= pointed_at(store)
+    versions_root = catalog.manifest_versions_prefix(store) + "/"
+    manifests = {uri for uri in live if uri.endswith(".json") and uri.startswith((manifests_root, versions_root))}
+    live |= _listed_by(store, manifests)
     live |= staged_ids.live(store)
     live |= live_checkpoints(store, uris)
     live |= {uri for uri in uris if _lock_target(uri) in uris}
+    return live
+
+
+def _listed_by(store: str, manifests: set[str]) -> set[str]:
+    """What ``manifests`` list, followed through every kept manifest version one of them names."""
+    versions_root = catalog.manifest_versions_prefix(store) + "/"
+    pending, read, live = list(manifests), set(), set()
+    while pending:
+        uri = pending.pop()
+        if uri in read or not (uri.startswith(versions_root) or uri in manifests):
+            continue
+        read.add(uri)
+        found = referenced(store, uri)
+        live |= found
+        pending += found - read
     return live
 
 

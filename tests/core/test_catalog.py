@@ -51,9 +51,6 @@ def test_fingerprinted_prefixes_take_its_first_12_chars():
         catalog.pca_prefix(STORE, HUB_TEACHER, "k128-uncentered", FP)
         == "s3://bucket/root/pca/all-mpnet-base-v2/k128-uncentered/0123456789ab"
     )
-    assert catalog.student_prefix(STORE, "run-1", FP) == "s3://bucket/root/students/run-1/0123456789ab"
-    assert catalog.index_prefix(STORE, "idx", FP) == "s3://bucket/root/indexes/idx/0123456789ab"
-    assert catalog.validation_prefix(STORE, "run-1", FP) == "s3://bucket/root/validation/run-1/0123456789ab"
     assert (
         catalog.quality_results_uri(STORE, DAY, FP)
         == "s3://bucket/root/quality/ingest_date=2026-11-30/0123456789ab/results.json"
@@ -202,10 +199,24 @@ def test_airflow_run_name_always_follows_the_name_rule(run_id):
 
 # -- pointers -----------------------------------------------------------------------------------------------
 def _model(run: str, score: float) -> ModelPointer:
-    return ModelPointer(run, {"STS-B test": score}, f"file:///store/manifests/validate/{run}.json")
+    versions = "file:///store/manifest_versions"
+    return ModelPointer(
+        run, {"STS-B test": score}, f"{versions}/validate/{run}/1.json", f"{versions}/distill/{run}/2.json"
+    )
 
 
 INDEX = IndexPointer("file:///s/indexes/x/i.faiss", "file:///s/indexes/x/ids.parquet", "file:///s/m.json", "x", 8, "r")
+
+
+def test_what_a_pointer_names_is_kept_per_run():
+    """The stages whose runs a pointer names publish into a folder of the run's own id, and keep each run's manifest."""
+    assert catalog.student_prefix(STORE, "run-1", "c0ffee") == "s3://bucket/root/students/run-1/c0ffee"
+    assert catalog.index_prefix(STORE, "idx", "c0ffee") == "s3://bucket/root/indexes/idx/c0ffee"
+    assert catalog.validation_prefix(STORE, "run-1", "c0ffee") == "s3://bucket/root/validation/run-1/c0ffee"
+    assert (
+        catalog.manifest_version_uri(STORE, Stage.BUILD_INDEX, "idx", "c0ffee")
+        == "s3://bucket/root/manifest_versions/build_index/idx/c0ffee.json"
+    )
 
 
 def test_pointer_is_empty_until_moved(store_root):
@@ -221,7 +232,8 @@ def test_pointer_compare_and_swap(store_root):
     assert json.loads(storage.read_bytes(f"{store_root}/models/current.json")) == {
         "model_run": "a",
         "scores": {"STS-B test": 1.0},
-        "validation": "file:///store/manifests/validate/a.json",
+        "validation": "file:///store/manifest_versions/validate/a/1.json",
+        "model": "file:///store/manifest_versions/distill/a/2.json",
     }
     assert catalog.read_pointer(store_root, Pointer.INDEX) == (None, None)  # the other pointer is apart
 
@@ -298,7 +310,12 @@ def _copy_pointer(source: str, target: str, pointer: Pointer) -> None:
 
 
 def test_pointers_record_keys_and_resolve_against_the_store_reading_them(store_root):
-    model = ModelPointer("a", {"STS-B test": 1.0}, f"{store_root}/manifests/validate/a.json")
+    model = ModelPointer(
+        "a",
+        {"STS-B test": 1.0},
+        f"{store_root}/manifests/validate/a.json",
+        f"{store_root}/manifest_versions/distill/a/r.json",
+    )
     index = IndexPointer(
         f"{store_root}/indexes/a/0123456789ab/index.faiss",
         f"{store_root}/indexes/a/0123456789ab/ids.parquet",
@@ -309,8 +326,10 @@ def test_pointers_record_keys_and_resolve_against_the_store_reading_them(store_r
     )
     catalog.move_pointer(store_root, model, None)
     catalog.move_pointer(store_root, index, None)
-    assert json.loads(storage.read_bytes(catalog.pointer_uri(store_root, Pointer.MODEL)))["validation"] == (
-        "manifests/validate/a.json"
+    model_recorded = json.loads(storage.read_bytes(catalog.pointer_uri(store_root, Pointer.MODEL)))
+    assert (model_recorded["validation"], model_recorded["model"]) == (
+        "manifests/validate/a.json",
+        "manifest_versions/distill/a/r.json",
     )
     recorded = json.loads(storage.read_bytes(catalog.pointer_uri(store_root, Pointer.INDEX)))
     assert (recorded["index"], recorded["ids"], recorded["manifest"]) == (
@@ -331,6 +350,7 @@ def test_pointers_record_keys_and_resolve_against_the_store_reading_them(store_r
     )
     promoted = catalog.read_pointer(copy, Pointer.MODEL)[0]
     assert promoted is not None and promoted.validation == f"{copy}/manifests/validate/a.json"
+    assert promoted.model == f"{copy}/manifest_versions/distill/a/r.json"
 
 
 @pytest.mark.parametrize("reference", ["manifests/../../../etc/passwd.json", "a//b.json", "/abs/x.json"])

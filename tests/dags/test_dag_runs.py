@@ -130,6 +130,7 @@ def _assert_the_events_link_the_chain(lineage: dict[str, tuple[set[str], set[str
         key = key or manifest.list_keys(store_root, stage)[0]
         published = manifest.read(store_root, stage, key)
         written = [o.uri for o in published.outputs] + [catalog.manifest_uri(store_root, stage, key)]
+        written += [published.version_uri(store_root)] if stage in catalog.VERSIONED else []
         names = ({_dataset(i.uri) for i in published.inputs}, {_dataset(uri) for uri in written})
         assert lineage[job] == names, job
         assert published.document["orchestration"]["task_id"] == job.split(".", 1)[1]

@@ -54,7 +54,8 @@ def test_flat_index_is_exact_promoted_and_searchable(store, capsys, caplog):
     assert stats["rows"] == 300 and stats["dim"] == 8 and stats["recall_at_10"] == 1.0
     assert stats["queries_per_s_batch1"] > 0 and stats["bytes"] >= 300 * 8 * 4
     pointer, _ = catalog.read_pointer(store, Pointer.INDEX)  # store-relative keys, resolved against the store
-    assert pointer.manifest == result.manifest_uri and storage.exists(pointer.index)
+    assert pointer.manifest == result.manifest.version_uri(store) and storage.exists(pointer.index)
+    assert storage.read_bytes(pointer.manifest) == storage.read_bytes(result.manifest_uri)  # the version: a copy
     ids = storage.read_parquet(pointer.ids)
     assert contracts.identify(ids.schema) == ("index_ids", 1) and ids.num_rows == 300
     embeddings = [o for o in result.outputs if o.contract == "student_embeddings"]

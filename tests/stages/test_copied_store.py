@@ -19,10 +19,10 @@ import pytest
 
 from tasks import cli
 from tasks.core import catalog, config, manifest, storage
-from tasks.core.catalog import Pointer, Stage
+from tasks.core.catalog import IndexPointer, Pointer, Stage
 from tasks.ml import vector_index
 from tasks.ml.hits import Hit
-from tasks.stages import build_index, drift, encode_teacher, fit_pca, stage_corpus, validate
+from tasks.stages import build_index, drift, encode_teacher, fit_pca, gc, stage_corpus, validate
 from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
 from tests.support.tiny_models import build_sentence_model
 
@@ -111,6 +111,37 @@ def _assert_resolved_into(store: str) -> None:
     assert index is not None and all(u.startswith(store + "/") for u in (index.index, index.ids, index.manifest))
 
 
+def _later_runs_change_nothing_the_pointers_name(prepared: dict[str, str], store: str, hits: list[Hit]) -> None:
+    """Under the promoted names: a new distill run, a rebuild with other params and a forced rebuild with the
+    same ones, none promoted. The pointers, and every object they name, stay byte for byte; search answers as
+    before (the student that encoded the index encodes the query); gc keeps all of it, and deletes the
+    rebuild that nothing names any longer."""
+    index = catalog.read_pointer(store, Pointer.INDEX)[0]
+    assert isinstance(index, IndexPointer) and index.model is not None
+    pointers = {p: storage.read_bytes(catalog.pointer_uri(store, p)) for p in Pointer}
+    served = manifest.read_at(store, index.model)
+    named = [index.index, index.ids, index.manifest, index.model, *(o.uri for o in served.outputs)]
+    before = {uri: storage.read_bytes(uri) for uri in named}
+    assert not _distill(prepared, store, max_steps=3).skipped
+    other = _index(store, index_type="hnsw", promote=False).manifest
+    forced = build_index.run(
+        config.parse(
+            build_index.BuildIndexParams,
+            {"store": store, "model_run": "tiny", "index_type": "flat", "name": "tiny", "promote": False},
+        ),
+        force=True,
+    ).manifest
+    assert manifest.read(store, Stage.BUILD_INDEX, "tiny") == forced and forced.run_id != index.run_id
+    assert {p: storage.read_bytes(catalog.pointer_uri(store, p)) for p in Pointer} == pointers
+    assert {uri: storage.read_bytes(uri) for uri in named} == before
+    assert vector_index.search(store, QUERY, k=2) == hits
+    gc.run(config.parse(gc.GCParams, {"store": store, "retention_hours": 0}))
+    assert {uri: storage.read_bytes(uri) for uri in named} == before
+    assert vector_index.search(store, QUERY, k=2) == hits
+    assert not any(storage.exists(uri) for uri in [other.version_uri(store), *(o.uri for o in other.outputs)])
+    assert all(storage.exists(o.uri) for o in forced.outputs)
+
+
 # -- the file store -----------------------------------------------------------------------------------------
 def _file_hashes(folder: Path) -> dict[str, str]:
     """sha256 of every file below ``folder`` (hidden ones too), by relative path."""
@@ -177,9 +208,16 @@ def test_every_stage_skips_on_a_copy_that_needs_nothing_of_the_original(original
         _assert_resolved_into(copy)
         assert _searched(copy, capsys) == hits
         promoted = catalog.read_pointer(copy, Pointer.MODEL)[0]
-        assert promoted is not None and promoted.validation == f"{copy}/manifests/validate/tiny.json"
+        validated = manifest.read(copy, Stage.VALIDATE, "tiny")
+        assert promoted is not None and validated is not None and promoted.validation == validated.version_uri(copy)
         assert _file_hashes(target) == before  # a skip writes nothing
     assert _file_hashes(folder) == before
+
+
+def test_later_runs_under_the_promoted_names_change_nothing_a_pointer_names(original, tmp_path, capsys):
+    hits = _searched(original["store"], capsys)
+    _, copy = _copied(original, tmp_path)
+    _later_runs_change_nothing_the_pointers_name({**original, "store": copy}, copy, hits)
 
 
 def test_a_changed_param_on_a_copy_rebuilds_in_the_copy_only(original, tmp_path, capsys):
@@ -268,3 +306,4 @@ def test_a_store_copied_to_another_s3_prefix_is_complete_there(s3_bucket, tmp_pa
     assert len([r for r in requests if r.startswith(f"{s3_bucket}/root-copy/")]) > 20
     assert _s3_hashes(s3_bucket, "root") == before
     assert _s3_hashes(s3_bucket, "root-copy").keys() != before.keys()  # the rebuild happened in the copy
+    _later_runs_change_nothing_the_pointers_name(prepared, store, hits)

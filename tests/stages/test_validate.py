@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tasks.core import catalog, config, storage
+from tasks.core import catalog, config, manifest, storage
 from tasks.core.catalog import Pointer, Stage
 from tasks.stages import validate
 from tests.support.projected_store import PCA_NAME, corpus_lines, distill_tiny, projected_store
@@ -340,15 +340,18 @@ def test_a_rerun_completes_a_model_promotion_its_run_did_not_finish(store, monke
 
 
 def test_two_promotions_at_once_have_one_winner(store):
-    """Last in the module, after the one that leaves 'short' promoted: both race from that pointer's version."""
+    """Last in the module, after the one that leaves 'short' promoted: both race from another pointer's version
+    (re-promoting 'short' over itself would write the same bytes, and no version would change)."""
+    current, seen = catalog.read_pointer(store, Pointer.MODEL)
+    catalog.move_pointer(store, catalog.ModelPointer("earlier", {}, current.validation, current.model), seen)
     _, seen = catalog.read_pointer(store, Pointer.MODEL)
     barrier, outcomes = threading.Barrier(2), []
 
     def promote(model_run):
         barrier.wait()
-        uri = catalog.manifest_uri(store, Stage.VALIDATE, model_run)
+        published = manifest.read(store, Stage.VALIDATE, model_run)
         try:
-            validate.promotion.promote_model(store, model_run, {"STS-B test": 1.0}, uri, seen)
+            validate.promotion.promote_model(store, published, seen)
             outcomes.append(model_run)
         except validate.ValidateError as exc:
             outcomes.append(exc)

@@ -41,8 +41,8 @@ def run_summary(trainer: Trainer, init_record: dict[str, Any]) -> dict[str, Any]
 def files(trainer: Trainer, stage_run: manifest.StageRun, summary: dict[str, Any]) -> dict[str, bytes]:
     """The exported model folder (with model card, and the ONNX graph ``params.onnx`` asks for, whose record
     joins ``summary``), loss history and metrics, as URI -> bytes."""
-    # A folder per fingerprint: a rerun never overwrites what the published manifest lists.
-    prefix = catalog.student_prefix(stage_run.store, trainer.params.name, stage_run.fingerprint)
+    # A folder per run: a later run under the same name (with any flags) never overwrites what a manifest lists.
+    prefix = catalog.student_prefix(stage_run.store, trainer.params.name, stage_run.run_id)
     exported: dict[str, bytes] = {}
     with tempfile.TemporaryDirectory() as scratch:
         folder = Path(scratch) / MODEL_FOLDER

@@ -66,16 +66,19 @@ def _rules(
     return [*rules, (reference - margin, f"the {reference_name}'s {reference:.2f} less {margin:.2f}", regression)]
 
 
-def promote_model(store: str, model_run: str, scores: dict[str, float], manifest_uri: str, etag: str | None) -> None:
-    """Point ``models/current.json`` at ``model_run``, unless another promotion happened since ``etag``."""
+def promote_model(store: str, published: manifest.Manifest, etag: str | None) -> None:
+    """Point ``models/current.json`` at a published validation (its manifest's version, and the version of the
+    distill manifest it validated), unless another promotion happened since ``etag``."""
+    scores = ValidateStats.parse(published.stats, published.version_uri(store)).sts.student
+    pointer = catalog.ModelPointer(published.key, scores, published.version_uri(store), published.inputs[0].uri)
     try:
-        catalog.move_pointer(store, catalog.ModelPointer(model_run, scores, manifest_uri), etag)
+        catalog.move_pointer(store, pointer, etag)
     except catalog.PointerMoved:
         raise ValidateError(
             f"{catalog.pointer_uri(store, Pointer.MODEL)}: another promotion happened since this "
-            f"validation started; {model_run} was not promoted"
+            f"validation started; {published.key} was not promoted"
         ) from None
-    log.info("promoted %s: %s names it now", model_run, uris.redact(catalog.pointer_uri(store, Pointer.MODEL)))
+    log.info("promoted %s: %s names it now", published.key, uris.redact(catalog.pointer_uri(store, Pointer.MODEL)))
 
 
 def settle_model(store: str, published: manifest.Manifest) -> None:
@@ -84,11 +87,8 @@ def settle_model(store: str, published: manifest.Manifest) -> None:
     if pointer_moves.Promotion.recorded(published.stats) is None:
         log.info("validate %s: not promoted (the gate failed or promote was off when it ran)", published.key)
         return
-    uri = catalog.manifest_uri(store, catalog.Stage.VALIDATE, published.key)
-    settled, etag = pointer_moves.settle(
-        store, Pointer.MODEL, lambda p: (p.model_run, p.validation) == (published.key, uri), published.stats
-    )
+    uri = published.version_uri(store)
+    settled, etag = pointer_moves.settle(store, Pointer.MODEL, lambda p: p.validation == uri, published.stats)
     log.info("validate %s: %s", published.key, settled)
     if settled is pointer_moves.Settlement.UNFINISHED:
-        scores = ValidateStats.parse(published.stats, uri).sts.student
-        promote_model(store, published.key, scores, uri, etag)
+        promote_model(store, published, etag)

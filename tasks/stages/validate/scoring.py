@@ -89,17 +89,20 @@ class Measurements:
 
 
 def measure(
-    params: ValidateParams, distilled: manifest.Manifest, pair_sets: list[sts.PairSet], promoted_run: str | None
+    params: ValidateParams,
+    distilled: manifest.Manifest,
+    pair_sets: list[sts.PairSet],
+    promoted: catalog.ModelPointer | None,
 ) -> Measurements:
     """Score the exported student of ``distilled`` and its references on ``pair_sets`` and a corpus sample; with
-    ``promoted_run`` (another run), also how far both students agree on the sample's neighbours."""
+    ``promoted`` (another run's promotion), also how far both students agree on the sample's neighbours."""
     from tasks.ml import student
     from tasks.ml.encoder import SentenceEncoder
 
     trained = DistillParams.model_validate(distilled.params)
     corpus = corpus_sample(params.store, trained.teacher, params.retrieval_sample)
     with tempfile.TemporaryDirectory() as scratch:
-        model = SentenceEncoder.load(str(student.fetch_exported(params.store, params.model_run, Path(scratch))))
+        model = SentenceEncoder.load(str(student.fetch_published(distilled, Path(scratch))))
         encoders, explained = _encoders(params, trained, model, corpus.texts)
         table = StsTable.model_validate(
             {name: {p.name: round(sts.score(encode, p), 2) for p in pair_sets} for name, encode in encoders.items()}
@@ -118,23 +121,23 @@ def measure(
         )
         found = metrics.nearest(student_corpus, student_corpus, 10, exclude_self=True)  # each sample row's 10 nearest
         overlap = None
-        if promoted_run is not None:
-            overlap = _neighbour_overlap(params.store, promoted_run, found, corpus.texts, Path(scratch))
+        if promoted is not None:
+            overlap = _neighbour_overlap(params.store, promoted, found, corpus.texts, Path(scratch))
         return Measurements(table, _retrieval(model.encode, found, corpus, stsb), plots, overlap)
 
 
 def _neighbour_overlap(
-    store: str, promoted_run: str, found: np.ndarray, texts: list[str], scratch: Path
+    store: str, promoted: catalog.ModelPointer, found: np.ndarray, texts: list[str], scratch: Path
 ) -> NeighbourOverlap:
     """The mean share of each sample sentence's 10 nearest sample sentences (``found``, by this run's student)
     that the promoted run's student also ranks among its 10 nearest (1: the same neighbours)."""
     from tasks.ml import student
     from tasks.ml.encoder import SentenceEncoder
 
-    promoted = SentenceEncoder.load(str(student.fetch_exported(store, promoted_run, scratch / "promoted")))
-    theirs = promoted.encode(texts)
+    served = manifest.read_at(store, catalog.distill_manifest(store, promoted))
+    theirs = SentenceEncoder.load(str(student.fetch_published(served, scratch / "promoted"))).encode(texts)
     overlap = metrics.recall_at_k(found, metrics.nearest(theirs, theirs, 10, exclude_self=True))
-    return NeighbourOverlap(run=promoted_run, overlap_at_10=round(overlap, 4), queries=len(texts))
+    return NeighbourOverlap(run=promoted.model_run, overlap_at_10=round(overlap, 4), queries=len(texts))
 
 
 def _encoders(

@@ -26,7 +26,7 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     distilled = manifest.read(params.store, Stage.DISTILL, params.model_run)
     if distilled is None:
         raise ValidateError(f"{params.store}: no published distill run {params.model_run!r}")
-    distill_uri = catalog.manifest_uri(params.store, Stage.DISTILL, params.model_run)
+    distill_uri = distilled.version_uri(params.store)  # the run as read now: a later one under its name changes nothing
     stage_run = manifest.StageRun(
         stage=Stage.VALIDATE,
         key=params.model_run,
@@ -37,7 +37,7 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     promoted, promoted_etag = catalog.read_pointer(params.store, Pointer.MODEL)
     if skipped := stage_run.skip_result(force):
         return _settled(params, skipped)
-    other = promoted.model_run if promoted and promoted.model_run != params.model_run else None
+    other = promoted if promoted and promoted.model_run != params.model_run else None
     with stage_run.phase("encode_and_score"):
         measured = scoring.measure(params, distilled, pair_sets, other)
     fidelity = distilled.stats.get("exported")
@@ -65,7 +65,8 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     recorded = Promotion(promoted_etag).as_stats() if decision.passed and params.promote else {}
     stage_run.stats = {**report.model_dump(), **recorded}
     result = stage_run.publish()
-    _promote(params, decision.passed, measured.sts.student, stage_run.uri, promoted_etag)
+    assert result.manifest is not None
+    _promote(params, decision.passed, result.manifest, promoted_etag)
     return result
 
 
@@ -76,10 +77,10 @@ def _settled(params: ValidateParams, skipped: manifest.StageResult) -> manifest.
     return skipped
 
 
-def _promote(params: ValidateParams, passed: bool, scores: dict[str, float], uri: str, etag: str | None) -> None:
+def _promote(params: ValidateParams, passed: bool, published: manifest.Manifest, etag: str | None) -> None:
     """Promote the validated run when its gate passed and promote is on; else say why not."""
     if passed and params.promote:
-        promotion.promote_model(params.store, params.model_run, scores, uri, etag)
+        promotion.promote_model(params.store, published, etag)
     else:
         why = "the gate failed" if params.promote else "promote is off"
         log.info("validate %s: not promoted (%s)", params.model_run, why)
@@ -93,7 +94,7 @@ def _write_report(
     from tasks.stages.validate.report_parts import run_header
 
     store, model_run = stage_run.store, distilled.key
-    prefix = catalog.validation_prefix(store, model_run, stage_run.fingerprint)
+    prefix = catalog.validation_prefix(store, model_run, stage_run.run_id)
     page = render(
         f"Validation of {model_run}",
         report,
