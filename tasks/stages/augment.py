@@ -219,7 +219,7 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
 def _generate(
     params: AugmentParams, augmenter: Augmenter, shards: list[manifest.Input], progress: bool
 ) -> list[tuple[Augmenter, Parent, str, str]]:
-    """(augmenter, parent row, normalised variant, parent shard) for every selected parent. Each staged
+    """(augmenter, parent row, normalised variant, parent shard's store key) for every selected parent. Each staged
     shard is read verified against the checksum the staging manifest records."""
     generated = []
     total = sum(shard.rows or 0 for shard in shards)
@@ -229,8 +229,9 @@ def _generate(
             read = len(parents)
             parents = [p for p in parents if selected(params.seed, augmenter.method, p.sentence_id, params.fraction)]
             variants = augmenter.apply([(p.sentence_id, p.text) for p in parents])
+            parent_shard = catalog.store_key(params.store, shard.uri) or shard.uri  # a copied store holds the same rows
             generated.extend(
-                (augmenter, parent, sentences.normalise_text(variant), shard.uri)
+                (augmenter, parent, sentences.normalise_text(variant), parent_shard)
                 for parent, variant in zip(parents, variants, strict=True)
             )
             reporter.update(read)
