@@ -196,6 +196,33 @@ def _load_transformer(folder: Path) -> torch.nn.Module:
     return transformer
 
 
+@dataclass(frozen=True)
+class TokenizerSettings:
+    """A fast tokenizer's padding and truncation as loaded. Each encoding call sets them, and what a tokenizer
+    saves must not depend on which calls came last (an export after a resume saves what one without does)."""
+
+    padding: dict[str, Any] | None = None
+    truncation: dict[str, Any] | None = None
+
+    @classmethod
+    def of(cls, tokenizer: Any) -> TokenizerSettings:
+        backend = getattr(tokenizer, "backend_tokenizer", None)  # None: a slow tokenizer, which keeps none
+        return cls() if backend is None else cls(backend.padding, backend.truncation)
+
+    def restore(self, tokenizer: Any) -> None:
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is None:
+            return
+        if self.padding is None:
+            backend.no_padding()
+        else:
+            backend.enable_padding(**self.padding)
+        if self.truncation is None:
+            backend.no_truncation()
+        else:
+            backend.enable_truncation(**self.truncation)
+
+
 class SentenceEncoder(torch.nn.Module):
     """A loaded encoder: transformer, pooling, optional dense head and normalisation.
 
@@ -216,6 +243,7 @@ class SentenceEncoder(torch.nn.Module):
         self.model_id, self.tokenizer, self.pooling = model_id, tokenizer, pooling
         self.transformer, self.dense = transformer, dense
         self.normalize, self.max_seq_length = normalize, max_seq_length
+        self._loaded_settings = TokenizerSettings.of(tokenizer)
 
     @property
     def device(self) -> torch.device:
@@ -248,6 +276,7 @@ class SentenceEncoder(torch.nn.Module):
         """Write a sentence-transformers folder (Transformer, Pooling, [Dense], [Normalize]; safetensors)."""
         folder.mkdir(parents=True, exist_ok=True)
         self.transformer.save_pretrained(folder, safe_serialization=True)
+        self._loaded_settings.restore(self.tokenizer)
         self.tokenizer.save_pretrained(folder)
         config = SentenceBertConfig(max_seq_length=self.max_seq_length)
         (folder / "sentence_bert_config.json").write_text(json.dumps(config.model_dump()))

@@ -1,3 +1,4 @@
+import json
 import re
 
 import numpy as np
@@ -87,6 +88,19 @@ def test_a_saved_folder_keeps_the_sentence_transformers_configs(tmp_path):
     loaded = SentenceEncoder.load(str(saved))
     assert loaded.dim == 16 and loaded.dense is not None and loaded.dense.linear.bias is None
     np.testing.assert_allclose(loaded.encode(TEXTS), encoder.encode(TEXTS), atol=1e-6)
+
+
+def test_a_saved_tokenizer_is_as_loaded_whatever_was_encoded_before(tmp_path):
+    """Encoding sets a fast tokenizer's padding and truncation; a save writes them as they were loaded, so an
+    export does not depend on which calls came before it (a resumed distill run's encodes others)."""
+    folder = build_sentence_model(tmp_path / "m")
+    loaded = json.loads((folder / "tokenizer.json").read_text())
+    encoder = SentenceEncoder.load(str(folder))
+    encoder.tokenizer(TEXTS, padding="longest", truncation=True, max_length=7)
+    encoder.tokenizer(TEXTS[:1])
+    encoder.save(tmp_path / "saved")
+    saved = json.loads((tmp_path / "saved" / "tokenizer.json").read_text())
+    assert (saved["padding"], saved["truncation"]) == (loaded["padding"], loaded["truncation"])
 
 
 @pytest.mark.parametrize(
