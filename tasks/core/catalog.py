@@ -13,8 +13,8 @@ fixed here:
 ``students/<run>/<run id>/``, ``students/<run>/checkpoints/``  exported student, checkpoints (distill)
 ``validation/<run>/<run id>/``                          metrics and report (validate)
 ``indexes/<name>/<run id>/``                            FAISS index and id map (build_index)
-``quality/ingest_date=D/<fp12>/results.json``           expectation results (quality)
-``quality/ingest_date=D/<fp12>/data_docs/``             their great-expectations Data Docs, offline (quality)
+``quality/ingest_date=D/<run id>/results.json``         expectation results (quality)
+``quality/ingest_date=D/<run id>/data_docs/``           their great-expectations Data Docs, offline (quality)
 ``profiles/<teacher>/<pca run>/ingest_date=D/<fp12>/``  a partition's drift profile (profile)
 ``drift/ingest_date=D/<fp12>/drift.json``               a partition's drift from a model's data (drift)
 ``manifests/<stage>/<key>.json``                        every stage run's manifest (its key's latest run)
@@ -231,13 +231,14 @@ def index_prefix(store: str, name: str, run_id: str) -> str:
 QUALITY_RESULTS = "results.json"  # a quality run's results, the file its manifest lists under this name
 
 
-def quality_results_uri(store: str, ingest_date: date, fingerprint: str) -> str:
-    return join(store, "quality", partition_key(ingest_date), fingerprint[:_FINGERPRINT_CHARS], QUALITY_RESULTS)
+def quality_results_uri(store: str, ingest_date: date, run_id: str) -> str:
+    return join(store, "quality", partition_key(ingest_date), run_id, QUALITY_RESULTS)
 
 
-def quality_data_docs_prefix(store: str, ingest_date: date, fingerprint: str) -> str:
-    """The folder of a quality run's Data Docs (``index.html`` and what its pages link and load)."""
-    return join(store, "quality", partition_key(ingest_date), fingerprint[:_FINGERPRINT_CHARS], "data_docs")
+def quality_data_docs_prefix(store: str, ingest_date: date, run_id: str) -> str:
+    """The folder of a quality run's Data Docs (``index.html`` and what its pages link and load): its run's own,
+    as the pages show the run's times (two runs at once never write one page)."""
+    return join(store, "quality", partition_key(ingest_date), run_id, "data_docs")
 
 
 def profile_uri(store: str, teacher: str, pca_name: str, ingest_date: date, fingerprint: str) -> str:

@@ -148,14 +148,17 @@ def _fill(value: Any, settings: dict[str, Any]) -> Any:
 
 def check(suite: str, table: pa.Table, uri: str, **settings: Any) -> CheckResult:
     """Run suite ``suite`` on a shard through a great-expectations checkpoint; raise on failure."""
-    return _checked(suite, table, uri, SuiteSettings(**settings))[0]
+    return _checked(_context(), suite, table, uri, SuiteSettings(**settings))[0]
 
 
-def _checked(suite: str, table: pa.Table, uri: str, settings: SuiteSettings) -> tuple[CheckResult, list[Any]]:
-    """:func:`check`, and the identifiers of the validation results its checkpoint stored (for Data Docs)."""
+def _checked(
+    context: Any, suite: str, table: pa.Table, uri: str, settings: SuiteSettings
+) -> tuple[CheckResult, list[Any]]:
+    """:func:`check` in ``context``, and the identifiers of the validation results its checkpoint stored (for
+    Data Docs)."""
     spec = suite_spec(suite)
     frame = profile(spec.profile, table)
-    result = _checkpoint(suite, spec, settings).run(batch_parameters={"dataframe": frame})
+    result = _checkpoint(context, suite, spec, settings).run(batch_parameters={"dataframe": frame})
     outcomes = [_outcome(item, frame) for run in result.run_results.values() for item in run.results]
     failed = [o for o in outcomes if not o.success]
     _log_outcomes(suite, uri, len(frame), outcomes)
@@ -170,13 +173,12 @@ def _checked(suite: str, table: pa.Table, uri: str, settings: SuiteSettings) -> 
     return checked, list(result.run_results)
 
 
-def _checkpoint(suite: str, spec: SuiteSpec, settings: SuiteSettings) -> Any:
-    """A new checkpoint of suite ``suite`` (its expectations filled in from ``settings``) on a dataframe."""
+def _checkpoint(context: Any, suite: str, spec: SuiteSpec, settings: SuiteSettings) -> Any:
+    """A new checkpoint in ``context`` of suite ``suite`` (its expectations filled in from ``settings``) on a
+    dataframe, named after the suite and how many the context holds: the same names in every run."""
     import great_expectations as gx
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
-    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-    context = _context()
     name = f"{suite}-{len(context.suites.all())}"
     gx_suite = context.suites.add(gx.ExpectationSuite(name=name))
     values = settings.model_dump(exclude_none=True)
@@ -218,10 +220,11 @@ def _log_outcomes(suite: str, uri: str, rows: int, outcomes: list[Outcome]) -> N
     )
 
 
-@cache
-def _context():
+def _context() -> Any:
+    """A new in-memory great-expectations context (one a run: what it names depends on nothing before it)."""
     import great_expectations as gx
 
+    os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
     context = gx.get_context(mode="ephemeral")
     context.variables.progress_bars = {"globally": False}
     context.data_sources.add_pandas("hpd")
@@ -242,24 +245,25 @@ def run(params: QualityParams, force: bool = False, progress: bool = False) -> m
         return skipped
     results: list[CheckResult] = []
     validated: list[Any] = []
+    context = _context()
     with stage_run.phase("check"):
         for output, suite, settings in checks:
             table = storage.read_parquet(output.uri, sha256=output.sha256)
             if suite == "embeddings" and settings.dim is None:
                 settings = settings.model_copy(update={"dim": table.schema.field("embedding").type.list_size})
-            result, identifiers = _checked(suite, table, output.uri, settings)
+            result, identifiers = _checked(context, suite, table, output.uri, settings)
             results.append(result)
             validated.extend(identifiers)
     log.info("quality %s: all %d checks passed", stage_run.key, len(results))
-    docs = catalog.quality_data_docs_prefix(params.store, params.ingest_date, stage_run.fingerprint)
+    docs = catalog.quality_data_docs_prefix(params.store, params.ingest_date, stage_run.run_id)
     index_uri = uris.join(docs, "index.html")
     with tempfile.TemporaryDirectory(prefix="hpd-data-docs-") as folder:
         with stage_run.phase("data_docs"):
-            site = data_docs.render(_context(), validated, Path(folder))
+            site = data_docs.render(context, validated, Path(folder))
         index = catalog.store_key(params.store, index_uri)
         recorded = QualityResults(partition=stage_run.key, data_docs=index, checks=results)
         body = json.dumps(recorded.model_dump(), indent=2, default=str)
-        uri = catalog.quality_results_uri(params.store, params.ingest_date, stage_run.fingerprint)
+        uri = catalog.quality_results_uri(params.store, params.ingest_date, stage_run.run_id)
         stage_run.write_output(uri, body.encode())
         with stage_run.phase("publish_data_docs"):
             data_docs.publish(stage_run, site, docs)
@@ -274,7 +278,7 @@ def data_docs_index(store: str, ingest_date: date) -> str | None:
     published = manifest.read(store, Stage.QUALITY, catalog.partition_key(ingest_date))
     if published is None:
         return None
-    index = uris.join(catalog.quality_data_docs_prefix(store, ingest_date, published.fingerprint), "index.html")
+    index = uris.join(catalog.quality_data_docs_prefix(store, ingest_date, published.run_id), "index.html")
     return index if any(output.uri == index for output in published.outputs) else None
 
 

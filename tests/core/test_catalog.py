@@ -51,14 +51,6 @@ def test_fingerprinted_prefixes_take_its_first_12_chars():
         catalog.pca_prefix(STORE, HUB_TEACHER, "k128-uncentered", FP)
         == "s3://bucket/root/pca/all-mpnet-base-v2/k128-uncentered/0123456789ab"
     )
-    assert (
-        catalog.quality_results_uri(STORE, DAY, FP)
-        == "s3://bucket/root/quality/ingest_date=2026-11-30/0123456789ab/results.json"
-    )
-    assert (
-        catalog.quality_data_docs_prefix(STORE, DAY, FP)
-        == "s3://bucket/root/quality/ingest_date=2026-11-30/0123456789ab/data_docs"
-    )
 
 
 def test_unfingerprinted_prefixes():
@@ -209,10 +201,19 @@ INDEX = IndexPointer("file:///s/indexes/x/i.faiss", "file:///s/indexes/x/ids.par
 
 
 def test_what_a_pointer_names_is_kept_per_run():
-    """The stages whose runs a pointer names publish into a folder of the run's own id, and keep each run's manifest."""
+    """The stages whose runs a pointer names publish into a folder of the run's own id, and keep each run's manifest;
+    quality's pages (which show their run's times) lie in their run's folder too."""
     assert catalog.student_prefix(STORE, "run-1", "c0ffee") == "s3://bucket/root/students/run-1/c0ffee"
     assert catalog.index_prefix(STORE, "idx", "c0ffee") == "s3://bucket/root/indexes/idx/c0ffee"
     assert catalog.validation_prefix(STORE, "run-1", "c0ffee") == "s3://bucket/root/validation/run-1/c0ffee"
+    assert (
+        catalog.quality_results_uri(STORE, DAY, "c0ffee")
+        == "s3://bucket/root/quality/ingest_date=2026-11-30/c0ffee/results.json"
+    )
+    assert (
+        catalog.quality_data_docs_prefix(STORE, DAY, "c0ffee")
+        == "s3://bucket/root/quality/ingest_date=2026-11-30/c0ffee/data_docs"
+    )
     assert (
         catalog.manifest_version_uri(STORE, Stage.BUILD_INDEX, "idx", "c0ffee")
         == "s3://bucket/root/manifest_versions/build_index/idx/c0ffee.json"

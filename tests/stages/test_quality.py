@@ -112,7 +112,7 @@ def test_the_stage_checks_a_partition(store_root, tmp_path, caplog):
 
 def test_the_stage_publishes_data_docs_listed_in_its_manifest(store_root, tmp_path):
     result = quality.run(_staged_partition(store_root, tmp_path))
-    docs = catalog.quality_data_docs_prefix(store_root, DAY, result.manifest.fingerprint)
+    docs = catalog.quality_data_docs_prefix(store_root, DAY, result.manifest.run_id)
     index = quality.data_docs_index(store_root, DAY)
     assert index == f"{docs}/index.html"
     results = json.loads(storage.read_bytes(result.manifest.output_named("results.json").uri))
