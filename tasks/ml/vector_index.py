@@ -201,12 +201,11 @@ def current_pointer(store: str) -> tuple[catalog.IndexPointer, str | None]:
     where = catalog.pointer_uri(store, Pointer.INDEX)
     if pointer is None:
         raise IndexBuildError(f"{where}: no index promoted yet; run build-index")
-    named = (pointer.index, pointer.ids, pointer.manifest)
-    for uri in (*named, catalog.distill_manifest(store, pointer)):
+    served = catalog.distill_manifest(store, pointer)  # read after the index, naming itself if it is missing
+    for uri in (pointer.index, pointer.ids, pointer.manifest, served):
         if catalog.store_key(store, uri) is None:  # a hand-made pointer may hold an absolute URI: not followed out
             raise IndexBuildError(f"{where} names {uris.redact(uri)}, outside the store {store}; refused")
-    for uri in named:
-        if not storage.exists(uri):
+        if uri != served and not storage.exists(uri):
             raise IndexBuildError(f"{where} names {uri}, which does not exist")
     return pointer, etag
 
