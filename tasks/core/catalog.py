@@ -396,7 +396,7 @@ def move_pointer(store: str, value: ModelPointer | IndexPointer, seen_etag: str 
         raise PointerMoved(f"{uri}: moved by another run since this one read it") from None
 
 
-def distill_manifest(store: str, pointer: ModelPointer | IndexPointer) -> str:
+def distill_manifest_uri(store: str, pointer: ModelPointer | IndexPointer) -> str:
     """The distill manifest (version) whose student ``pointer`` serves; a pointer written before versions names
     none, and means its run's latest."""
     return pointer.model or manifest_uri(store, Stage.DISTILL, pointer.model_run)
@@ -410,8 +410,8 @@ def promoted_manifests(store: str) -> dict[str, list[str]]:
     named: dict[str, list[str]] = {}
     if model is not None:
         named.setdefault(model.validation, []).append(Pointer.MODEL)
-        named.setdefault(distill_manifest(store, model), []).append(Pointer.MODEL)
+        named.setdefault(distill_manifest_uri(store, model), []).append(Pointer.MODEL)
     if index is not None:
         named.setdefault(index.manifest, []).append(Pointer.INDEX)
-        named.setdefault(distill_manifest(store, index), []).append(Pointer.INDEX)
+        named.setdefault(distill_manifest_uri(store, index), []).append(Pointer.INDEX)
     return named

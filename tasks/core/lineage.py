@@ -50,7 +50,7 @@ def untrained_partitions(store: str, teacher: str) -> list[date]:
     promoted, _ = catalog.read_pointer(store, Pointer.MODEL)
     if promoted is None:
         return sorted(encoded_partitions(store, teacher))
-    seen = partitions_read(store, manifest.read_at(store, catalog.distill_manifest(store, promoted)))
+    seen = partitions_read(store, manifest.read_at(store, catalog.distill_manifest_uri(store, promoted)))
     return sorted(encoded_partitions(store, teacher) - seen)
 
 
@@ -296,7 +296,7 @@ class _Walk:
             named: tuple[Node, ...] = () if index is None else (self.output(index.index), self.output(index.ids))
         else:
             model, _ = catalog.read_pointer(store, Pointer.MODEL)
-            runs = () if model is None else (model.validation, catalog.distill_manifest(store, model))
+            runs = () if model is None else (model.validation, catalog.distill_manifest_uri(store, model))
             named = tuple(self.run(run) for run in runs)
         if not named:
             raise LineageError(f"{uri}: nothing is promoted (no pointer)")

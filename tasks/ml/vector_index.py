@@ -201,7 +201,7 @@ def current_pointer(store: str) -> tuple[catalog.IndexPointer, str | None]:
     where = catalog.pointer_uri(store, Pointer.INDEX)
     if pointer is None:
         raise IndexBuildError(f"{where}: no index promoted yet; run build-index")
-    served = catalog.distill_manifest(store, pointer)  # read after the index, naming itself if it is missing
+    served = catalog.distill_manifest_uri(store, pointer)  # read after the index, naming itself if it is missing
     for uri in (pointer.index, pointer.ids, pointer.manifest, served):
         if catalog.store_key(store, uri) is None:  # a hand-made pointer may hold an absolute URI: not followed out
             raise IndexBuildError(f"{where} names {uris.redact(uri)}, outside the store {store}; refused")
@@ -246,7 +246,7 @@ def load_current(store: str, query_encoder_choice: str = "auto") -> LoadedIndex:
     except RuntimeError as exc:  # faiss's reader refuses what is not an index it wrote
         raise IndexBuildError(f"{pointer.index}: not a FAISS index ({str(exc).strip()[-200:]})") from None
     ids = storage.read_parquet(pointer.ids, columns=["sentence_id", "text"], sha256=recorded[pointer.ids])
-    served = manifest.read_at(store, catalog.distill_manifest(store, pointer))  # the student that encoded the index
+    served = manifest.read_at(store, catalog.distill_manifest_uri(store, pointer))  # the student that encoded the index
     with tempfile.TemporaryDirectory() as scratch:
         encoder = query_encoder(student.fetch_published(served, Path(scratch)), query_encoder_choice)
     if encoder.dim != index.d:
