@@ -133,7 +133,7 @@ def locations(store: str) -> dict[str, str]:
     if index is None:
         raise DemoError(f"{store}: no index was promoted")
     validated = manifest.read_at(store, pointer.validation)
-    served = manifest.read_at(store, catalog.distill_manifest_uri(store, pointer))
+    served = manifest.served_distill(store, pointer)
     return {
         "model run": pointer.model_run,
         "model (sentence-transformers folder)": student.model_folder(served),

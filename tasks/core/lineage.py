@@ -50,7 +50,7 @@ def untrained_partitions(store: str, teacher: str) -> list[date]:
     promoted, _ = catalog.read_pointer(store, Pointer.MODEL)
     if promoted is None:
         return sorted(encoded_partitions(store, teacher))
-    seen = partitions_read(store, manifest.read_at(store, catalog.distill_manifest_uri(store, promoted)))
+    seen = partitions_read(store, manifest.served_distill(store, promoted))
     return sorted(encoded_partitions(store, teacher) - seen)
 
 

@@ -246,7 +246,7 @@ def load_current(store: str, query_encoder_choice: str = "auto") -> LoadedIndex:
     except RuntimeError as exc:  # faiss's reader refuses what is not an index it wrote
         raise IndexBuildError(f"{pointer.index}: not a FAISS index ({str(exc).strip()[-200:]})") from None
     ids = storage.read_parquet(pointer.ids, columns=["sentence_id", "text"], sha256=recorded[pointer.ids])
-    served = manifest.read_at(store, catalog.distill_manifest_uri(store, pointer))  # the student that encoded the index
+    served = manifest.served_distill(store, pointer)  # the student that encoded the index
     with tempfile.TemporaryDirectory() as scratch:
         encoder = query_encoder(student.fetch_published(served, Path(scratch)), query_encoder_choice)
     if encoder.dim != index.d:

@@ -120,7 +120,7 @@ def _student_run(params: BuildIndexParams) -> tuple[BuildIndexParams, manifest.M
     pointer, _ = student.promoted(params.store)
     if pointer is None:
         raise IndexBuildError(f"{params.store}: no promoted model ({Pointer.MODEL}); validate one or pass model_run")
-    distilled = manifest.read_at(params.store, catalog.distill_manifest_uri(params.store, pointer))
+    distilled = manifest.served_distill(params.store, pointer)
     return params.model_copy(update={"model_run": pointer.model_run}), distilled
 
 

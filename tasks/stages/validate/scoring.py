@@ -134,7 +134,7 @@ def _neighbour_overlap(
     from tasks.ml import student
     from tasks.ml.encoder import SentenceEncoder
 
-    served = manifest.read_at(store, catalog.distill_manifest_uri(store, promoted))
+    served = manifest.served_distill(store, promoted)
     theirs = SentenceEncoder.load(str(student.fetch_published(served, scratch / "promoted"))).encode(texts)
     overlap = metrics.recall_at_k(found, metrics.nearest(theirs, theirs, 10, exclude_self=True))
     return NeighbourOverlap(run=promoted.model_run, overlap_at_10=round(overlap, 4), queries=len(texts))
