@@ -320,12 +320,13 @@ class ModelPointer:
 
 @dataclass(frozen=True)
 class IndexPointer:
-    """``indexes/current.json``: the promoted index, its id map, the version of its build manifest, what it holds,
-    and the version of the distill manifest whose student encoded it (``model``: None in a pointer written
-    before versions, which means the run's latest)."""
+    """``indexes/current.json``: the promoted index's segment table (``ids`` None: each segment has its id map;
+    a pointer written before segments names one index and its id map), the version of its build manifest, what
+    it holds, and the version of the distill manifest whose student encoded it (``model``: None in a pointer
+    written before versions, which means the run's latest)."""
 
     index: str
-    ids: str
+    ids: str | None
     manifest: str
     model_run: str
     dim: int

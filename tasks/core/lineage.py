@@ -104,8 +104,11 @@ class StoreGraph:
         if record is None:  # deleted between the listing and the read
             return
         self.manifests[uri] = record
-        for output in record.outputs:
-            self.producers.setdefault(output.uri, uri)
+        for output in record.outputs:  # a kept index segment is listed by later versions too: its run made it
+            if f"/{record.run_id}/" in output.uri:
+                self.producers[output.uri] = uri
+            else:
+                self.producers.setdefault(output.uri, uri)
         for item in record.inputs:
             self.consumers.setdefault(self.canonical(item.uri), []).append(uri)
 
@@ -293,7 +296,9 @@ class _Walk:
         store, uri = self.graph.store, catalog.pointer_uri(self.graph.store, pointer)
         if pointer is Pointer.INDEX:
             index, _ = catalog.read_pointer(store, Pointer.INDEX)
-            named: tuple[Node, ...] = () if index is None else (self.output(index.index), self.output(index.ids))
+            named: tuple[Node, ...] = (
+                () if index is None else tuple(self.output(u) for u in (index.index, index.ids) if u)
+            )
         else:
             model, _ = catalog.read_pointer(store, Pointer.MODEL)
             runs = () if model is None else (model.validation, catalog.distill_manifest_uri(store, model))

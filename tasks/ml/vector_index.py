@@ -23,7 +23,7 @@ import numpy as np
 
 from tasks.core import catalog, manifest, storage, uris
 from tasks.core.catalog import Pointer
-from tasks.ml import student
+from tasks.ml import segments, student
 from tasks.ml.hits import Hit
 
 QUERY_SAMPLE = 200
@@ -142,9 +142,22 @@ def search(store: str, query: str, k: int = 5) -> list[Hit]:
 
 
 @dataclass(frozen=True)
+class LoadedSegment:
+    """One segment in memory: its FAISS index and id map, known by the index's URI and checksum."""
+
+    uri: str
+    sha256: str
+    ids_uri: str
+    index: Any
+    sentence_ids: list[str]
+    texts: list[str]
+
+
+@dataclass(frozen=True)
 class LoadedIndex:
-    """The promoted index in memory: the student that encodes queries, the FAISS index, its id map, and the
-    pointer (and its etag) it was loaded from. Immutable once loaded: a service swaps whole instances."""
+    """The promoted index in memory: the student that encodes queries, the FAISS index (its segments searched
+    together), its id map, and the pointer (and its etag) it was loaded from. Immutable once loaded: a service
+    swaps whole instances."""
 
     store: str
     pointer: catalog.IndexPointer
@@ -154,6 +167,7 @@ class LoadedIndex:
     sentence_ids: list[str]
     texts: list[str]
     loaded_at: float
+    segments: tuple[LoadedSegment, ...] = ()
     lock: threading.Lock = field(default_factory=threading.Lock, compare=False, repr=False)
 
     @property
@@ -202,7 +216,7 @@ def current_pointer(store: str) -> tuple[catalog.IndexPointer, str | None]:
     if pointer is None:
         raise IndexBuildError(f"{where}: no index promoted yet; run build-index")
     served = catalog.distill_manifest_uri(store, pointer)  # read after the index, naming itself if it is missing
-    for uri in (pointer.index, pointer.ids, pointer.manifest, served):
+    for uri in (u for u in (pointer.index, pointer.ids, pointer.manifest, served) if u is not None):
         if catalog.store_key(store, uri) is None:  # a hand-made pointer may hold an absolute URI: not followed out
             raise IndexBuildError(f"{where} names {uris.redact(uri)}, outside the store {store}; refused")
         if uri != served and not storage.exists(uri):
@@ -211,11 +225,11 @@ def current_pointer(store: str) -> tuple[catalog.IndexPointer, str | None]:
 
 
 def _recorded_checksums(store: str, pointer: catalog.IndexPointer) -> dict[str, str]:
-    """The sha256 the pointer's build manifest records for the index and the id map it names; a pointer naming
-    an object its manifest does not list is refused."""
+    """The sha256 the pointer's build manifest records for the segment table (or index and id map) it names; a
+    pointer naming an object its manifest does not list is refused."""
     published = manifest.parse(pointer.manifest, storage.read_bytes(pointer.manifest), store)
     recorded = {output.uri: output.sha256 for output in published.outputs}
-    for uri in (pointer.index, pointer.ids):
+    for uri in (u for u in (pointer.index, pointer.ids) if u is not None):
         if uri not in recorded:
             where = catalog.pointer_uri(store, Pointer.INDEX)
             raise IndexBuildError(f"{where} names {uri}, which its build manifest {pointer.manifest} does not list")
@@ -233,25 +247,64 @@ def query_encoder(folder: Path, choice: str = "auto") -> Any:
     return onnx_encoder.OnnxEncoder.load(folder)
 
 
-def load_current(store: str, query_encoder_choice: str = "auto") -> LoadedIndex:
-    """Load the promoted index, its id map and the student that built it, checked against each other; queries
-    are encoded as :func:`query_encoder` chooses."""
-    import faiss
-
+def load_current(store: str, query_encoder_choice: str = "auto", reuse: LoadedIndex | None = None) -> LoadedIndex:
+    """Load the promoted index (every segment its table lists, searched together), its id maps and the student
+    that built it, checked against each other; queries are encoded as :func:`query_encoder` chooses. Segments
+    and a student that ``reuse`` (the index served until now) already holds, the same objects, are not read
+    again: a version that adds a day's segment loads that segment."""
     pointer, etag = current_pointer(store)
     recorded = _recorded_checksums(store, pointer)
-    body = storage.read_bytes(pointer.index, sha256=recorded[pointer.index])
+    held = {(s.uri, s.sha256): s for s in reuse.segments} if reuse is not None else {}
+    listed = _listed(store, pointer, recorded)
+    parts = [held.get((uri, sha)) or _read_segment(uri, sha, ids, ids_sha) for uri, sha, ids, ids_sha in listed]
+    if reuse is not None and pointer.model is not None and reuse.pointer.model == pointer.model:
+        encoder = reuse.encoder
+    else:
+        served = manifest.served_distill(store, pointer)  # the student that encoded the index
+        with tempfile.TemporaryDirectory() as scratch:
+            encoder = query_encoder(student.fetch_published(served, Path(scratch)), query_encoder_choice)
+    for part in parts:
+        if encoder.dim != part.index.d:
+            raise IndexBuildError(f"{part.uri}: index dimension {part.index.d} differs from the model's {encoder.dim}")
+        if len(part.sentence_ids) != part.index.ntotal:
+            raise IndexBuildError(
+                f"{part.ids_uri}: {len(part.sentence_ids)} ids for the {part.index.ntotal} vectors of {part.uri}"
+            )
+    index = parts[0].index if len(parts) == 1 else _searched_together(parts, encoder.dim)
+    sentence_ids = [i for part in parts for i in part.sentence_ids]
+    texts = [t for part in parts for t in part.texts]
+    return LoadedIndex(store, pointer, etag, encoder, index, sentence_ids, texts, time.time(), tuple(parts))
+
+
+def _listed(store: str, pointer: catalog.IndexPointer, recorded: dict[str, str]) -> list[tuple[str, str, str, str]]:
+    """(index URI, sha256, id map URI, sha256) of each segment the pointer's table lists, in search order; the
+    one index and id map of a pointer from before segments."""
+    if pointer.ids is not None:
+        return [(pointer.index, recorded[pointer.index], pointer.ids, recorded[pointer.ids])]
+    _, listed = segments.read_table(store, pointer.index, recorded[pointer.index])
+    return [(s.index.uri, s.index.sha256, s.ids.uri, s.ids.sha256) for s in segments.ordered(listed)]
+
+
+def _read_segment(index_uri: str, index_sha256: str, ids_uri: str, ids_sha256: str) -> LoadedSegment:
+    """A segment's index and id map, each verified against its checksum."""
+    import faiss
+
+    body = storage.read_bytes(index_uri, sha256=index_sha256)
     try:
         index = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))
     except RuntimeError as exc:  # faiss's reader refuses what is not an index it wrote
-        raise IndexBuildError(f"{pointer.index}: not a FAISS index ({str(exc).strip()[-200:]})") from None
-    ids = storage.read_parquet(pointer.ids, columns=["sentence_id", "text"], sha256=recorded[pointer.ids])
-    served = manifest.served_distill(store, pointer)  # the student that encoded the index
-    with tempfile.TemporaryDirectory() as scratch:
-        encoder = query_encoder(student.fetch_published(served, Path(scratch)), query_encoder_choice)
-    if encoder.dim != index.d:
-        raise IndexBuildError(f"{pointer.index}: index dimension {index.d} differs from the model's {encoder.dim}")
-    if ids.num_rows != index.ntotal:
-        raise IndexBuildError(f"{pointer.ids}: {ids.num_rows} ids for the {index.ntotal} vectors of {pointer.index}")
+        raise IndexBuildError(f"{index_uri}: not a FAISS index ({str(exc).strip()[-200:]})") from None
+    ids = storage.read_parquet(ids_uri, columns=["sentence_id", "text"], sha256=ids_sha256)
     sentence_ids, texts = ids.column("sentence_id").to_pylist(), ids.column("text").to_pylist()
-    return LoadedIndex(store, pointer, etag, encoder, index, sentence_ids, texts, time.time())
+    return LoadedSegment(index_uri, index_sha256, ids_uri, index, sentence_ids, texts)
+
+
+def _searched_together(parts: list[LoadedSegment], dim: int) -> Any:
+    """One FAISS index over the segments: each searched (with its own breadth), the hits merged by score, a
+    segment's rows numbered after those of the segments before it."""
+    import faiss
+
+    together = faiss.IndexShards(dim, False, True)  # not threaded: a request's search runs in its own thread
+    for part in parts:
+        together.add_shard(part.index)
+    return together

@@ -3,8 +3,9 @@
 A request reads :attr:`IndexHolder.current` once and answers from that :class:`LoadedIndex` to the end, so
 a swap (one reference assignment) never changes an index under a request in flight; the old one is freed
 when its last request ends. A new index is loaded completely, off the request path, before it is swapped
-in; one that fails to load (missing objects, outside the store, wrong dimension) leaves the served one in
-place and is retried only when the pointer moves again.
+in (the segments and student it shares with the served one are not read again); one that fails to load
+(missing objects, outside the store, wrong dimension) leaves the served one in place and is retried only when
+the pointer moves again.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ class IndexHolder:
             return False
         self.tried_etag = etag
         try:
-            loaded = vector_index.load_current(self.store, self.query_encoder)
+            loaded = vector_index.load_current(self.store, self.query_encoder, self.current)
         except (ValueError, uris.StorageError) as exc:
             self.last_error = str(exc)
             log.error("serve: %s; still serving %s", exc, self.current.index_key if self.current else "nothing")

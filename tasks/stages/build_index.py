@@ -1,20 +1,28 @@
-"""Build index: encode the retrieval corpus with a distilled student, build a FAISS index, promote it.
+"""Build index: encode the retrieval corpus with a distilled student into FAISS index segments, publish the
+version, promote it.
 
-The student is a published distill run (its exported sentence-transformers folder). Each current
-``sentences`` shard of the chosen partitions is encoded into the ``student_embeddings`` dataset;
-the L2-normalised vectors go into a FAISS inner-product index (cosine similarity) of the type the
-config names, or one chosen by size: exact ``flat`` up to 100k vectors, ``hnsw`` up to 1M,
-``ivf_pq`` beyond (its candidates re-ranked on int8 codes unless ``refine`` says otherwise); ``ivf_flat``
-on request; ``sq8`` stores int8 codes instead of float32. An approximate index's search breadth (IVF
-``nprobe``, HNSW ``efSearch``) is doubled from its configured value until recall@10 against exact search,
-on a sample of the corpus as queries (each one's own row left out), reaches ``target_recall`` or stops
-rising; the value found is saved in the index. The manifest records build time, bytes, the search breadth, queries/s at
-batch 1 and 64 and recall@10.
+The student is a published distill run (its exported sentence-transformers folder). An index version is a list
+of segments searched together (:mod:`tasks.ml.segments`): it keeps every segment of the name's previous version
+whose partitions are unchanged and that the same student built with the same settings, encodes only the
+partitions none covers (each current ``sentences`` shard into the ``student_embeddings`` dataset) into one new
+segment, then merges segments by tiers, from their stored embeddings. A day's new partition costs its own
+encoding; a new student (a new name, or a new version under one) encodes everything, once.
 
-The index and its id map (``index_ids``) are published under ``indexes/<name>/<run id>/`` (a later build under
-the same name never touches them), then the manifest (and its kept version); only then does
-``indexes/current.json`` move, by compare-and-swap against the version read before the build, so concurrent
-rebuilds cannot leave it naming a missing or partial index: one wins, the other fails with :class:`PromotionConflict`.
+Each segment's L2-normalised vectors go into a FAISS inner-product index (cosine similarity) of the type the
+config names, or one chosen by the segment's size: exact ``flat`` up to 100k vectors, ``hnsw`` up to 1M,
+``ivf_pq`` beyond (its candidates re-ranked on int8 codes unless ``refine`` says otherwise); ``ivf_flat`` on
+request; ``sq8`` stores int8 codes instead of float32. An approximate index's search breadth (IVF ``nprobe``,
+HNSW ``efSearch``) is doubled from its configured value until recall@10 against exact search, on a sample of
+the segment as queries (each one's own row left out), reaches ``target_recall`` or stops rising; the value
+found is saved in the index. A segment that recalls less than ``min_recall`` fails the run before anything is
+published. The manifest records, per segment built, its build time, bytes, search breadth, queries/s at batch
+1 and 64 and recall@10.
+
+The segments, their table (``segments.json``) and embeddings are published under ``indexes/<name>/<run id>/``
+(a later build under the same name never touches them), then the manifest (listing every file of every
+segment the version keeps, so gc keeps them; and its kept version); only then does ``indexes/current.json``
+move, by compare-and-swap against the version read before the build, so concurrent rebuilds cannot leave it
+naming a missing or partial index: one wins, the other fails with :class:`PromotionConflict`.
 """
 
 from __future__ import annotations
@@ -32,18 +40,38 @@ import pyarrow as pa
 from tasks.core import catalog, finite, manifest, parquet_shards, promotion, sentences, storage, uris
 from tasks.core.catalog import Dataset, Pointer, Stage
 from tasks.core.progress import Progress, format_bytes, format_duration
-from tasks.ml import student
+from tasks.ml import segments, student
+from tasks.ml.segments import Segment
 from tasks.ml.vector_index import IndexBuildError, RecallSample, build, measure, tune_search
 from tasks.stages.params import BuildIndexParams
 
 _REFINE = {"none": "", "sq8": ",Refine(SQ8)", "flat": ",RFlat"}  # factory suffix of each IVF-PQ re-rank
 INDEX_FILE = "index.faiss"
+# The params that change what a segment holds; the others choose partitions, names, promotion or merging.
+SEGMENT_SETTINGS = (
+    "index_type",
+    "sq8",
+    "hnsw_m",
+    "hnsw_ef_search",
+    "nlist",
+    "nprobe",
+    "target_recall",
+    "pq_m",
+    "pq_bits",
+    "refine",
+    "refine_k_factor",
+    "dtype",
+)
 
 log = logging.getLogger(__name__)
 
 
 class PromotionConflict(IndexBuildError):
     """Another rebuild moved the current pointer first; this index was published but not promoted."""
+
+
+class RecallTooLow(IndexBuildError):
+    """A segment recalls less than ``min_recall``: nothing is published or promoted."""
 
 
 def choose_type(requested: str, rows: int) -> str:
@@ -67,7 +95,8 @@ def factory_string(index_type: str, rows: int, dim: int, params: BuildIndexParam
 
 
 def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
-    """Encode the corpus, build and publish the index, then promote it by compare-and-swap."""
+    """Encode the partitions no kept segment covers, merge, publish the version, then promote it by
+    compare-and-swap."""
     params, distilled = _student_run(params)
     staged = _corpus_shards(params)
     name = params.name or distilled.key
@@ -77,31 +106,24 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
         key=name,
         store=params.store,
         params=params.model_dump(mode="json"),
-        inputs=[manifest.Input(distill_uri, distilled.fingerprint), *(o.as_input() for o in staged)],
+        inputs=[
+            manifest.Input(distill_uri, distilled.fingerprint),
+            *(o.as_input() for s in staged.values() for o in s),
+        ],
     )
     _, seen_etag = catalog.read_pointer(params.store, Pointer.INDEX)
     if skipped := stage_run.skip_result(force):
         if params.promote and skipped.manifest is not None:
             _settle(params.store, skipped.manifest)
         return skipped
-    prefix = catalog.index_prefix(params.store, name, stage_run.run_id)
-    corpus = _encode_corpus(params, distilled, stage_run, staged, prefix, progress)
+    builder = _Builder(params, stage_run, distilled, progress, force)
+    listed, kept = builder.version(staged, distill_uri)
     recorded = promotion.Promotion(seen_etag).as_stats() if params.promote else {}
-    stage_run.stats = {**_write_index(stage_run, prefix, corpus, params), **recorded}
-    stage_run.add_shard(
-        parquet_shards.write_shard(
-            prefix,
-            "ids",
-            pa.table(
-                {
-                    "faiss_id": pa.array(np.arange(len(corpus.ids)), pa.int64()),
-                    "sentence_id": corpus.ids,
-                    "text": corpus.texts,
-                }
-            ),
-            Dataset.INDEX_IDS,
-        )
-    )
+    stage_run.stats = {**_version_stats(listed, kept, builder.rows_encoded), **recorded}
+    for segment in segments.ordered(listed):
+        stage_run.outputs.extend(segment.outputs)
+    table = segments.table_bytes(params.store, stage_run.stats["dim"], listed)
+    stage_run.write_output(storage.join(builder.prefix, segments.TABLE_FILE), table)
     result = stage_run.publish()
     if params.promote:
         assert result.manifest is not None
@@ -124,126 +146,241 @@ def _student_run(params: BuildIndexParams) -> tuple[BuildIndexParams, manifest.M
     return params.model_copy(update={"model_run": pointer.model_run}), distilled
 
 
-def _corpus_shards(params: BuildIndexParams) -> list[manifest.Output]:
-    days = params.partitions or sentences.staged_days(params.store)
-    staged = [o for day in days for o in sentences.published(params.store, day, (Stage.STAGE_CORPUS,))]
-    if not staged:
+def _corpus_shards(params: BuildIndexParams) -> dict[str, list[manifest.Output]]:
+    """Each wanted partition (ISO date) that holds staged sentences, and its shards as staging published them."""
+    days = sorted(set(params.partitions or sentences.staged_days(params.store)))
+    staged = {day.isoformat(): sentences.published(params.store, day, (Stage.STAGE_CORPUS,)) for day in days}
+    found = {day: shards for day, shards in staged.items() if shards}
+    if not found:
         raise IndexBuildError(f"{params.store}: no staged sentences for partitions {days}")
-    return staged
+    return found
 
 
-@dataclass(frozen=True)
-class EncodedCorpus:
-    """The corpus as the index holds it: ids, texts, L2-normalised vectors, and the index chosen for it."""
-
-    ids: list[str]
-    texts: list[str]
-    vectors: np.ndarray
-    index_type: str
-    factory: str
-
-
-def _read_corpus(stage_run: manifest.StageRun, shards: list[manifest.Output]) -> list[tuple[str, pa.Table]]:
-    """(URI, ids and texts) of every corpus shard, each verified against the sha256 its staging manifest
-    records: all of them before the first embeddings shard is written."""
-    with stage_run.phase("read"):
-        return [(s.uri, storage.read_parquet(s.uri, columns=["sentence_id", "text"], sha256=s.sha256)) for s in shards]
-
-
-def _encode_corpus(
-    params: BuildIndexParams,
-    distilled: manifest.Manifest,
-    stage_run: manifest.StageRun,
-    shards: list[manifest.Output],
-    prefix: str,
-    progress: bool,
-) -> EncodedCorpus:
-    """Encode every corpus shard with the student, publishing its embeddings. Bad index settings and
-    altered corpus shards fail before the first write."""
-    import faiss
-
-    from tasks.ml.encoder import SentenceEncoder
-
-    assert params.model_run is not None
-    ids, texts, blocks = [], [], []
-    corpus = _read_corpus(stage_run, shards)
-    with tempfile.TemporaryDirectory() as scratch, stage_run.phase("encode"):
-        encoder = SentenceEncoder.load(str(student.fetch_published(distilled, Path(scratch))))
-        rows = sum(i.rows or 0 for i in stage_run.inputs[1:])
-        index_type = choose_type(params.index_type, rows)
-        factory = factory_string(index_type, rows, encoder.dim, params)
-        log.info("build_index %s: a %s index (%s) over %d vectors", stage_run.key, index_type, factory, rows)
-        with Progress(f"build_index {stage_run.key} encode", rows, bar=progress, logger=log) as reporter:
-            for shard_uri, table in corpus:
-                shard_texts = table.column("text").to_pylist()
-                vectors = encoder.encode(
-                    shard_texts, batch_size=params.batch_size, dtype=params.dtype, on_rows=reporter.update
-                )
-                finite.require_finite(vectors, f"{shard_uri} encoded by {params.model_run}", "embedding value")
-                stage_run.add_shard(_write_embeddings(prefix, shard_uri, table, vectors, params.model_run))
-                ids.extend(table.column("sentence_id").to_pylist())
-                texts.extend(shard_texts)
-                blocks.append(vectors)
-    vectors = np.ascontiguousarray(np.concatenate(blocks), dtype=np.float32)
-    faiss.normalize_L2(vectors)
-    return EncodedCorpus(ids, texts, vectors, index_type, factory)
+def _kept_segments(store: str, name: str, wanted: dict[str, str], model: str, settings: str) -> list[Segment]:
+    """The segments of the version last published under ``name`` that the new one keeps, and a log line that
+    says how much is left to encode (none before the first version, or one built before segments); a previous
+    version that does not read is rebuilt whole, with a warning."""
+    try:
+        published = manifest.read(store, Stage.BUILD_INDEX, name)
+        table = next((o for o in published.outputs if o.name == segments.TABLE_FILE), None) if published else None
+        previous = [] if table is None else segments.read_table(store, table.uri, table.sha256)[1]
+    except (manifest.ManifestError, segments.SegmentTableError, storage.StorageError) as exc:
+        log.warning("build_index %s: the previous version does not read (%s); every partition is encoded", name, exc)
+        previous = []
+    kept = [s for s in previous if s.keeps(wanted, model, settings)]
+    covered = sum(len(s.partitions) for s in kept)
+    log.info(
+        "build_index %s: %d partition(s) wanted: %d in %d kept segment(s), %d to encode",
+        name,
+        len(wanted),
+        covered,
+        len(kept),
+        len(wanted) - covered,
+    )
+    return kept
 
 
-def _write_embeddings(
-    prefix: str, shard_uri: str, table: pa.Table, vectors: np.ndarray, model_run: str
-) -> parquet_shards.Shard:
-    """Publish the student embeddings of one corpus shard."""
+def _version_stats(listed: list[Segment], kept: list[Segment], rows_encoded: int) -> dict[str, Any]:
+    """The version's record: its size, the rows this run encoded, the lowest segment recall, each segment built."""
+    return {
+        "rows": sum(s.rows for s in listed),
+        "dim": listed[0].stats["dim"],
+        "bytes": sum(s.index.bytes for s in listed),
+        "segments": len(listed),
+        "segments_kept": sum(s in kept for s in listed),
+        "rows_encoded": rows_encoded,
+        "recall_at_10": min(s.stats["recall_at_10"] for s in listed),
+        "built": [{"segment": s.name, **s.stats} for s in segments.ordered(listed) if s not in kept],
+    }
+
+
+@dataclass
+class _Builder:
+    """Builds the segments of one run's version under its folder (``indexes/<name>/<run id>/``)."""
+
+    params: BuildIndexParams
+    stage_run: manifest.StageRun
+    distilled: manifest.Manifest
+    progress: bool
+    force: bool  # a forced run keeps no segment: it encodes every partition again
+    rows_encoded: int = 0
+
+    @property
+    def prefix(self) -> str:
+        return catalog.index_prefix(self.params.store, self.stage_run.key, self.stage_run.run_id)
+
+    def version(
+        self, staged: dict[str, list[manifest.Output]], distill_uri: str
+    ) -> tuple[list[Segment], list[Segment]]:
+        """The segments of the new version (the previous version's it keeps, one over the partitions none covers,
+        then merged by tiers), and those it kept."""
+        wanted = {day: segments.partition_fingerprint(shards) for day, shards in staged.items()}
+        model = catalog.store_key(self.params.store, distill_uri) or distill_uri
+        chosen = {setting: getattr(self.params, setting) for setting in SEGMENT_SETTINGS}
+        settings = segments.settings_fingerprint(chosen)
+        kept = [] if self.force else _kept_segments(self.params.store, self.stage_run.key, wanted, model, settings)
+        covered = {day for segment in kept for day in segment.partitions}
+        pending = {day: staged[day] for day in wanted if day not in covered}
+        listed = kept + ([self.encoded_segment(pending, wanted, model, settings)] if pending else [])
+        while group := segments.next_merge(listed, self.params.merge_fanout):
+            listed = [s for s in listed if s not in group] + [self.merged_segment(group)]
+        return listed, kept
+
+    def encoded_segment(
+        self, pending: dict[str, list[manifest.Output]], wanted: dict[str, str], model: str, settings: str
+    ) -> Segment:
+        """Encode ``pending``'s shards with the student (publishing their embeddings) into a new segment. Bad
+        index settings and altered corpus shards fail before the first write."""
+        from tasks.ml.encoder import SentenceEncoder
+
+        shards = [s for day in sorted(pending) for s in pending[day]]
+        with self.stage_run.phase("read"):
+            corpus = [
+                (s.uri, storage.read_parquet(s.uri, columns=["sentence_id", "text"], sha256=s.sha256)) for s in shards
+            ]
+        rows = sum(table.num_rows for _, table in corpus)
+        partitions = {day: wanted[day] for day in pending}
+        with tempfile.TemporaryDirectory() as scratch, self.stage_run.phase("encode"):
+            encoder = SentenceEncoder.load(str(student.fetch_published(self.distilled, Path(scratch))))
+            chosen = _chosen(self.params, rows, encoder.dim)
+            embeddings, blocks = [], []
+            with Progress(f"build_index {self.stage_run.key} encode", rows, bar=self.progress, logger=log) as reporter:
+                for shard_uri, table in corpus:
+                    vectors = _encoded(encoder, self.params, shard_uri, table, reporter)
+                    embeddings.append(_written_embeddings(self.prefix, self.params, shard_uri, table, vectors))
+                    blocks.append(vectors)
+        self.rows_encoded += rows
+        ids = pa.concat_tables([table for _, table in corpus])
+        return self._segment(partitions, model, settings, np.concatenate(blocks), ids, embeddings, chosen)
+
+    def merged_segment(self, group: list[Segment]) -> Segment:
+        """One segment over ``group``'s partitions, built from their published embeddings and id maps."""
+        with self.stage_run.phase("merge"):
+            ids = pa.concat_tables(
+                storage.read_parquet(s.ids.uri, columns=["sentence_id", "text"], sha256=s.ids.sha256) for s in group
+            )
+            embeddings = [e for s in group for e in s.embeddings]
+            vectors = np.concatenate(
+                [
+                    parquet_shards.vectors(storage.read_parquet(e.uri, sha256=e.sha256), "embedding", e.uri)
+                    for e in embeddings
+                ]
+            )
+        if len(vectors) != ids.num_rows:
+            raise IndexBuildError(f"{group[0].ids.uri}: {ids.num_rows} ids for {len(vectors)} stored embeddings")
+        log.info("build_index %s: merging %d segments (%d vectors)", self.stage_run.key, len(group), len(vectors))
+        partitions = {day: f for s in group for day, f in s.partitions.items()}
+        chosen = _chosen(self.params, len(vectors), vectors.shape[1])
+        merged = self._segment(partitions, group[0].model, group[0].settings, vectors, ids, embeddings, chosen)
+        merged.stats["merged"] = len(group)
+        return merged
+
+    def _segment(
+        self,
+        partitions: dict[str, str],
+        model: str,
+        settings: str,
+        vectors: np.ndarray,
+        ids: pa.Table,
+        embeddings: list[manifest.Output],
+        chosen: tuple[str, str],
+    ) -> Segment:
+        """Build, measure and publish a segment's index and id map; :class:`RecallTooLow` below ``min_recall``."""
+        import faiss
+
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+        faiss.normalize_L2(vectors)
+        days = sorted(partitions)
+        folder = storage.join(self.prefix, "segments", days[0] if len(days) == 1 else f"{days[0]}_{days[-1]}")
+        body, stats = _built_index(self.stage_run, self.params, vectors, *chosen)
+        index = manifest.Output(storage.join(folder, INDEX_FILE), manifest.sha256_hex(body), len(vectors), len(body))
+        storage.write_bytes(index.uri, body)
+        id_map = pa.table(
+            {
+                "faiss_id": pa.array(np.arange(len(vectors)), pa.int64()),
+                "sentence_id": ids.column("sentence_id"),
+                "text": ids.column("text"),
+            }
+        )
+        written = _output(parquet_shards.write_shard(folder, "ids", id_map, Dataset.INDEX_IDS))
+        return Segment(partitions, model, settings, index, written, tuple(embeddings), stats)
+
+
+def _chosen(params: BuildIndexParams, rows: int, dim: int) -> tuple[str, str]:
+    """(index type, factory string) for a segment of ``rows`` vectors of ``dim``; bad settings raise here."""
+    index_type = choose_type(params.index_type, rows)
+    return index_type, factory_string(index_type, rows, dim, params)
+
+
+def _encoded(encoder: Any, params: BuildIndexParams, shard_uri: str, table: pa.Table, reporter: Progress) -> np.ndarray:
+    """A corpus shard's texts encoded by the student, refused when not all finite."""
+    vectors = encoder.encode(
+        table.column("text").to_pylist(), batch_size=params.batch_size, dtype=params.dtype, on_rows=reporter.update
+    )
+    finite.require_finite(vectors, f"{shard_uri} encoded by {params.model_run}", "embedding value")
+    return vectors
+
+
+def _written_embeddings(
+    prefix: str, params: BuildIndexParams, shard_uri: str, table: pa.Table, vectors: np.ndarray
+) -> manifest.Output:
+    """Publish the student embeddings of one corpus shard under ``prefix``."""
     embeddings = pa.table(
         {
             "sentence_id": table.column("sentence_id"),
             "embedding": pa.FixedSizeListArray.from_arrays(pa.array(vectors.ravel()), vectors.shape[1]),
         }
     )
-    return parquet_shards.write_shard(
-        storage.join(prefix, Dataset.STUDENT_EMBEDDINGS),
-        catalog.derived_stem(shard_uri),
-        embeddings,
-        Dataset.STUDENT_EMBEDDINGS,
-        dim=vectors.shape[1],
-        model_id=model_run,
-    )
+    folder = storage.join(prefix, Dataset.STUDENT_EMBEDDINGS)
+    stem, dim = catalog.derived_stem(shard_uri), vectors.shape[1]
+    shard = parquet_shards.write_shard(folder, stem, embeddings, Dataset.STUDENT_EMBEDDINGS, dim, params.model_run)
+    return _output(shard)
 
 
-def _write_index(
-    stage_run: manifest.StageRun, prefix: str, corpus: EncodedCorpus, params: BuildIndexParams
-) -> dict[str, Any]:
-    """Build, measure and publish the index; its stats."""
+def _built_index(
+    stage_run: manifest.StageRun, params: BuildIndexParams, vectors: np.ndarray, index_type: str, factory: str
+) -> tuple[bytes, dict[str, Any]]:
+    """The serialized index of ``factory`` over ``vectors``, and its stats; refused below ``min_recall``."""
     import faiss
 
+    key = stage_run.key
+    log.info("build_index %s: a %s index (%s) over %d vectors", key, index_type, factory, len(vectors))
     with stage_run.phase("build"):
         start = time.perf_counter()
-        index = build(corpus.vectors, corpus.factory, params.nprobe, params.refine_k_factor, params.hnsw_ef_search)
+        index = build(vectors, factory, params.nprobe, params.refine_k_factor, params.hnsw_ef_search)
         build_seconds = time.perf_counter() - start
     with stage_run.phase("measure"):
-        sample = RecallSample.of(corpus.vectors)
-        breadth = tune_search(index, sample, params.target_recall)
-        stats = {**breadth, **measure(index, sample)}
+        sample = RecallSample.of(vectors)
+        measured = {**tune_search(index, sample, params.target_recall), **measure(index, sample)}
     body = faiss.serialize_index(index).tobytes()
-    stage_run.write_output(storage.join(prefix, INDEX_FILE), body, rows=len(corpus.vectors))
     log.info(
         "build_index %s: built %s over %d vectors of dim %d in %s, %s; %s",
-        stage_run.key,
-        corpus.factory,
-        len(corpus.vectors),
-        corpus.vectors.shape[1],
+        key,
+        factory,
+        len(vectors),
+        vectors.shape[1],
         format_duration(build_seconds),
         format_bytes(len(body)),
-        ", ".join(f"{name} {value}" for name, value in stats.items()),
+        ", ".join(f"{name} {value}" for name, value in measured.items()),
     )
-    return {
-        "index_type": corpus.index_type,
-        "factory": corpus.factory,
-        "rows": len(corpus.vectors),
-        "dim": int(corpus.vectors.shape[1]),
+    if measured["recall_at_10"] < params.min_recall:
+        raise RecallTooLow(
+            f"build_index {key}: {factory} over {len(vectors)} vectors recalls {measured['recall_at_10']} at 10, "
+            f"below min_recall {params.min_recall}; nothing published or promoted"
+        )
+    return body, {
+        "index_type": index_type,
+        "factory": factory,
+        "rows": len(vectors),
+        "dim": int(vectors.shape[1]),
         "bytes": len(body),
         "build_seconds": round(build_seconds, 3),
-        **stats,
+        **measured,
     }
+
+
+def _output(shard: parquet_shards.Shard) -> manifest.Output:
+    return manifest.Output(shard.uri, shard.sha256, shard.rows, shard.bytes, shard.contract, shard.schema_version)
 
 
 def _settle(store: str, published: manifest.Manifest) -> None:
@@ -254,10 +391,20 @@ def _settle(store: str, published: manifest.Manifest) -> None:
         promote(store, published, etag)
 
 
+def served_objects(published: manifest.Manifest) -> tuple[str, str | None]:
+    """What a pointer to ``published`` names: its segment table (and no id map: each segment has its own), or,
+    for a build from before segments, its index and id map."""
+    table = next((o.uri for o in published.outputs if o.name == segments.TABLE_FILE), None)
+    if table is not None:
+        return table, None
+    return published.output_named(INDEX_FILE).uri, published.outputs_of(Dataset.INDEX_IDS)[0].uri
+
+
 def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> catalog.IndexPointer:
     """Move ``indexes/current.json`` to a published index, by compare-and-swap against ``seen_etag``."""
-    index_uri, ids_uri = published.output_named(INDEX_FILE).uri, published.outputs_of(Dataset.INDEX_IDS)[0].uri
-    for uri in (index_uri, ids_uri):
+    index_uri, ids_uri = served_objects(published)
+    searched = [o.uri for o in published.outputs if o.contract != Dataset.STUDENT_EMBEDDINGS]
+    for uri in searched:
         if not storage.exists(uri):
             raise IndexBuildError(f"{uri}: missing; the current pointer stays as it was")
     pointer = catalog.IndexPointer(

@@ -216,6 +216,15 @@ class BuildIndexParams(StageParams):
         "(flat), kept beside the PQ codes; none keeps PQ distances",
     )
     refine_k_factor: float = Field(16.0, ge=1, description="IVF-PQ re-rank: candidates re-scored, times k")
+    min_recall: float = Field(
+        0.9,
+        ge=0,
+        le=1,
+        description="refuse (fail, publish and promote nothing) a build whose segment recalls less at 10 than this",
+    )
+    merge_fanout: int = Field(
+        8, ge=2, description="merge the earliest segments of a tier once this many share it (segments.py)"
+    )
     batch_size: int = Field(128, gt=0)
     dtype: Literal["fp32", "bf16"] = "fp32"
     name: AutoRunName = Field("", description="index name (default: the model run)")

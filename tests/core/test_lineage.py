@@ -155,12 +155,14 @@ def test_impacted_by_a_partition_lists_targets_student_and_indexes_with_promotio
     assert runs["distill", "tiny"].promoted == ("indexes/current.json",)
     assert runs["build_index", "tiny"].promoted == ("indexes/current.json",)
     assert runs["build_index", "spare"].promoted == () and runs["fit_pca", "teacher/k8-uncentered"].promoted == ()
-    assert "indexes/tiny/" in runs["build_index", "tiny"].outputs[-1]
+    assert "indexes/tiny/" in runs["build_index", "tiny"].outputs[-1] and runs["build_index", "tiny"].outputs[
+        -1
+    ].endswith("/segments.json")
     assert lineage.impacted(store, "2026-11-01") == list(runs.values())
     assert cli.main(["lineage", "--impacted", "2026-11-01", "--store", store]) == 0
     out = capsys.readouterr().out
     assert "\nbuild_index tiny  PROMOTED (indexes/current.json)\n" in out and "\nbuild_index spare\n" in out
-    assert out.rstrip().endswith("7 run(s) impacted, 28 artifact(s), 2 promoted")
+    assert out.rstrip().endswith("7 run(s) impacted, 30 artifact(s), 2 promoted")
 
 
 def test_impacted_by_one_shard_leaves_out_the_other_shards_runs(indexed):

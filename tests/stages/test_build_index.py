@@ -12,7 +12,7 @@ from tasks.core import catalog, config, contracts, manifest, storage
 from tasks.core.catalog import IndexPointer, ModelPointer, Pointer, Stage
 from tasks.core.finite import NonFiniteError
 from tasks.core.progress import format_bytes
-from tasks.ml import vector_index
+from tasks.ml import segments, vector_index
 from tasks.stages import build_index
 from tests.support import faults
 from tests.support.projected_store import distill_tiny, projected_store
@@ -41,25 +41,30 @@ def _build(store, **extra):
 def test_flat_index_is_exact_promoted_and_searchable(store, capsys, caplog):
     caplog.set_level(logging.INFO, logger="tasks")
     result = _build(store, index_type="flat", name="flat")
-    stats = result.stats
+    stats, built = result.stats, result.stats["built"]
     lines = [r.getMessage() for r in caplog.records if r.name == "tasks.stages.build_index"]
-    assert lines[0] == "build_index flat: a flat index (Flat) over 300 vectors"
+    assert lines[0] == "build_index flat: 1 partition(s) wanted: 0 in 0 kept segment(s), 1 to encode"
     assert lines[1].startswith("build_index flat encode: finished 300/300 rows (100.0%) in ")
-    assert lines[2].startswith("build_index flat: built Flat over 300 vectors of dim 8 in ")
-    assert f", {format_bytes(stats['bytes'])}; queries_per_s_batch1 " in lines[2] and lines[2].endswith(
+    assert lines[2] == "build_index flat: a flat index (Flat) over 300 vectors"
+    assert lines[3].startswith("build_index flat: built Flat over 300 vectors of dim 8 in ")
+    assert f", {format_bytes(stats['bytes'])}; queries_per_s_batch1 " in lines[3] and lines[3].endswith(
         "recall_at_10 1.0"
     )
-    index = result.manifest.output_named(build_index.INDEX_FILE).uri
-    assert lines[3] == f"build_index flat: promoted; {catalog.pointer_uri(store, Pointer.INDEX)} names {index}"
+    table = result.manifest.output_named(segments.TABLE_FILE).uri
+    assert lines[4] == f"build_index flat: promoted; {catalog.pointer_uri(store, Pointer.INDEX)} names {table}"
     assert stats["rows"] == 300 and stats["dim"] == 8 and stats["recall_at_10"] == 1.0
-    assert stats["queries_per_s_batch1"] > 0 and stats["bytes"] >= 300 * 8 * 4
+    assert (stats["segments"], stats["segments_kept"], stats["rows_encoded"]) == (1, 0, 300)
+    assert built[0]["segment"] == DAY.isoformat() and built[0]["factory"] == "Flat"
+    assert built[0]["queries_per_s_batch1"] > 0 and stats["bytes"] >= 300 * 8 * 4
     pointer, _ = catalog.read_pointer(store, Pointer.INDEX)  # store-relative keys, resolved against the store
-    assert pointer.manifest == result.manifest.version_uri(store) and storage.exists(pointer.index)
+    assert pointer.manifest == result.manifest.version_uri(store) and pointer.index == table and pointer.ids is None
     assert storage.read_bytes(pointer.manifest) == storage.read_bytes(result.manifest_uri)  # the version: a copy
-    ids = storage.read_parquet(pointer.ids)
+    _, (segment,) = segments.read_table(store, table)
+    ids = storage.read_parquet(segment.ids.uri)
     assert contracts.identify(ids.schema) == ("index_ids", 1) and ids.num_rows == 300
+    assert segment.partitions.keys() == {DAY.isoformat()} and segment.embeddings
     embeddings = [o for o in result.outputs if o.contract == "student_embeddings"]
-    assert sum(o.rows for o in embeddings) == 300
+    assert sum(o.rows for o in embeddings) == 300 and set(embeddings) == set(segment.embeddings)
     hits = vector_index.search(store, TEXTS[7], k=3)
     assert hits[0].text == TEXTS[7] and hits[0].score == pytest.approx(1.0, abs=1e-4)
     assert vector_index.load_current(store).query_encoder == "torch"  # the student exported no ONNX graph
@@ -80,8 +85,10 @@ def test_flat_index_is_exact_promoted_and_searchable(store, capsys, caplog):
     ],
 )
 def test_index_types(store, index_type, extra, factory):
-    result = _build(store, index_type=index_type, name=f"t-{index_type}-{len(extra)}", promote=False, **extra)
-    stats = result.stats
+    result = _build(
+        store, index_type=index_type, name=f"t-{index_type}-{len(extra)}", promote=False, min_recall=0, **extra
+    )
+    stats = result.stats["built"][0]
     assert stats["factory"] == factory
     assert 0.3 <= stats["recall_at_10"] <= 1.0
 
@@ -89,21 +96,21 @@ def test_index_types(store, index_type, extra, factory):
 def test_the_ivf_pq_re_rank_recalls_more_than_pq_distances_alone(store):
     settings = {"index_type": "ivf_pq", "nlist": 4, "nprobe": 4, "pq_m": 4, "pq_bits": 4, "promote": False}
     recall = {
-        refine: _build(store, name=f"rerank-{refine}", refine=refine, **settings).stats["recall_at_10"]
+        refine: _build(store, name=f"rerank-{refine}", refine=refine, min_recall=0, **settings).stats["recall_at_10"]
         for refine in ("none", "sq8")
     }
     assert recall["sq8"] > recall["none"]
 
 
 def test_ivf_search_breadth_is_raised_until_the_target_recall_and_saved_in_the_index(store):
-    settings = {"index_type": "ivf_flat", "nlist": 16, "nprobe": 1, "promote": False}
-    as_given = _build(store, name="breadth-given", target_recall=0, **settings).stats
+    settings = {"index_type": "ivf_flat", "nlist": 16, "nprobe": 1, "promote": False, "min_recall": 0}
+    as_given = _build(store, name="breadth-given", target_recall=0, **settings).stats["built"][0]
     tuned = _build(store, name="breadth-tuned", target_recall=0.99, **settings)
     assert as_given["nprobe"] == 1 and as_given["recall_at_10"] < 0.99
-    assert tuned.stats["nprobe"] > 1 and tuned.stats["recall_at_10"] >= 0.99
+    assert tuned.stats["built"][0]["nprobe"] > 1 and tuned.stats["recall_at_10"] >= 0.99
     body = storage.read_bytes(tuned.manifest.output_named(build_index.INDEX_FILE).uri)
     loaded = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))
-    assert faiss.extract_index_ivf(loaded).nprobe == tuned.stats["nprobe"]
+    assert faiss.extract_index_ivf(loaded).nprobe == tuned.stats["built"][0]["nprobe"]
 
 
 def test_hnsw_tuning_doubles_ef_search_until_the_recall_is_reached():
@@ -167,7 +174,7 @@ def test_concurrent_promotions_have_one_winner(store):
     winners = [o for o in outcomes if isinstance(o, str)]
     assert len(winners) == 1 and sum(isinstance(o, build_index.PromotionConflict) for o in outcomes) == 1
     pointer, _ = catalog.read_pointer(store, Pointer.INDEX)
-    assert pointer.run_id == winners[0] and storage.exists(pointer.index) and storage.exists(pointer.ids)
+    assert pointer.run_id == winners[0] and storage.exists(pointer.index)
 
 
 def _promoted_run(store: str) -> str | None:

@@ -20,7 +20,7 @@ import pytest
 from tasks import cli
 from tasks.core import catalog, config, manifest, storage
 from tasks.core.catalog import IndexPointer, Pointer, Stage
-from tasks.ml import vector_index
+from tasks.ml import segments, vector_index
 from tasks.ml.hits import Hit
 from tasks.stages import build_index, drift, encode_teacher, fit_pca, gc, stage_corpus, validate
 from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
@@ -108,7 +108,8 @@ def _assert_resolved_into(store: str) -> None:
             assert all(o.uri.startswith(store + "/") for o in published.outputs)
             assert all(i.uri.startswith(store + "/") or i.uri.endswith("/raw.txt") for i in published.inputs)
     index, _ = catalog.read_pointer(store, Pointer.INDEX)
-    assert index is not None and all(u.startswith(store + "/") for u in (index.index, index.ids, index.manifest))
+    assert index is not None and all(u.startswith(store + "/") for u in (index.index, index.manifest))
+    assert all(o.uri.startswith(store + "/") for s in segments.read_table(store, index.index)[1] for o in s.outputs)
 
 
 def _later_runs_change_nothing_the_pointers_name(prepared: dict[str, str], store: str, hits: list[Hit]) -> None:
@@ -120,7 +121,8 @@ def _later_runs_change_nothing_the_pointers_name(prepared: dict[str, str], store
     assert isinstance(index, IndexPointer) and index.model is not None
     pointers = {p: storage.read_bytes(catalog.pointer_uri(store, p)) for p in Pointer}
     served = manifest.read_at(store, index.model)
-    named = [index.index, index.ids, index.manifest, index.model, *(o.uri for o in served.outputs)]
+    listed = [o.uri for segment in segments.read_table(store, index.index)[1] for o in segment.outputs]
+    named = [index.index, index.manifest, index.model, *listed, *(o.uri for o in served.outputs)]
     before = {uri: storage.read_bytes(uri) for uri in named}
     assert not _distill(prepared, store, max_steps=3).skipped
     other = _index(store, index_type="hnsw", promote=False).manifest
