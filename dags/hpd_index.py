@@ -1,10 +1,14 @@
 """
-### hpd_index — rebuild and promote the search index for the promoted student
+### hpd_index — keep the search index current: new partitions, new students
 
 Scheduled on the `hpd_promoted_model` Asset (updated by `hpd_retrain` when a student passes the
-gate; the event names the store and the model run, which this run then uses) and runnable by hand
-(default: the store's promoted model): encode the corpus with the student, build the FAISS index,
-publish it and move `indexes/current.json` by compare-and-swap. The logic lives in `tasks/`.
+gate; the event names the store and the model run, which this run then uses) or the `hpd_corpus_updated`
+Asset (a partition `hpd_ingest` staged), and runnable by hand (default: the store's promoted model).
+It publishes a new index version and moves `indexes/current.json` by compare-and-swap: with the same
+student, the version keeps the segments of the one before and encodes only the partitions none covers
+(a day's new partition is searchable after this run, with no retrain); a new student encodes the whole
+corpus once. Segments merge by tiers as they accumulate. While no model is promoted the run is skipped.
+The logic lives in `tasks/`.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import dag, task
 
-from tasks.orchestration.assets import PROMOTED_MODEL
+from tasks.orchestration.assets import CORPUS_UPDATED, PROMOTED_MODEL
 from tasks.orchestration.dag_params import stage_param
 from tasks.orchestration.defaults import DEFAULT_ARGS, STORE_PARAM
 from tasks.stages.params import BuildIndexParams
@@ -20,7 +24,7 @@ from tasks.stages.params import BuildIndexParams
 
 @dag(
     dag_id="hpd_index",
-    schedule=[PROMOTED_MODEL],
+    schedule=(PROMOTED_MODEL | CORPUS_UPDATED),
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -43,7 +47,7 @@ def hpd_index():
         from tasks.orchestration import runtime
 
         p = runtime.run_params(context)
-        values = {**runtime.pick(p, "index_type", "sq8"), "model_run": runtime.triggering_model_run(context)}
+        values = {**runtime.pick(p, "index_type", "sq8"), "model_run": runtime.model_to_index(context)}
         return runtime.run_stage(Stage.BUILD_INDEX, runtime.stage_params(Stage.BUILD_INDEX, values, p)).stats
 
     build_and_promote()

@@ -1,10 +1,14 @@
 """
 ### hpd_retrain — fit the projection, distil the student, validate, promote
 
-On new data (the `hpd_corpus_updated` events `hpd_ingest` emits; their store is the run's store) and on
-manual trigger (params below). It first checks that there is something to learn: partitions named in
-`partitions`, or encoded partitions the promoted model was not trained on; otherwise it ends there,
-green, distilling nothing. Then: fit the PCA over the selected partitions' teacher embeddings (writing
+On new data (the `hpd_corpus_updated` events `hpd_ingest` and a drift flag emit; their store is the
+run's store) and on manual trigger (params below). It first decides whether a retrain is worth running
+(`tasks/orchestration/retrain_policy.py`): when forced (`force`, partitions named, a backfill run), when
+nothing is promoted, when drift is flagged on a partition the promoted model has not seen, when the rows
+staged since its training reach `retrain_fraction` of its training rows, or when there are new rows and
+the model is older than `max_model_age_days`. Otherwise it ends there, green, training nothing (the index
+still takes the new partitions: `hpd_index`); the `decide` task's log and its `decision` XCom say why.
+Then: fit the PCA over the selected partitions' teacher embeddings (writing
 the projected targets), distil the student (on the GPU workers' queue, or its executor, where the
 deployment has them; in a pod asking for `nvidia.com/gpu` under the KubernetesExecutor; CPU otherwise)
 once the great-expectations suites passed on every partition it learns from (sentences, teacher embeddings,
@@ -35,6 +39,7 @@ from tasks.orchestration.defaults import (
     gate_param,
     gpu_executor_config,
 )
+from tasks.orchestration.run_records import RetrainParams
 from tasks.stages.params import DistillParams, FitPCAParams
 
 
@@ -49,6 +54,9 @@ from tasks.stages.params import DistillParams, FitPCAParams
     doc_md=__doc__,
     params={
         "store": STORE_PARAM,
+        "force": stage_param(RetrainParams, "force"),
+        "retrain_fraction": stage_param(RetrainParams, "retrain_fraction"),
+        "max_model_age_days": stage_param(RetrainParams, "max_model_age_days"),
         "partitions": stage_param(FitPCAParams, "partitions"),
         "teacher": stage_param(FitPCAParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT),
         "k": stage_param(FitPCAParams, "k", DEFAULT_K, DEPLOYMENT),
@@ -76,10 +84,10 @@ from tasks.stages.params import DistillParams, FitPCAParams
 )
 def hpd_retrain():
     @task.short_circuit
-    def new_data(**context) -> bool:
+    def decide(**context) -> bool:
         from tasks.orchestration import runtime
 
-        return runtime.has_new_data(context)
+        return runtime.decide_retrain(context)
 
     @task
     def fit_pca(**context) -> str:
@@ -128,7 +136,7 @@ def hpd_retrain():
         return runtime.announce_promotion(context, model_run, verdict)
 
     pca_name = fit_pca()
-    new_data() >> pca_name
+    decide() >> pca_name
     checked = check_quality.partial(pca_name=pca_name).expand(day=training_partitions(pca_name))
     model_run = distill(pca_name)
     checked >> model_run

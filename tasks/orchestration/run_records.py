@@ -20,12 +20,22 @@ class IngestParams(DagParams):
 
 
 class RetrainParams(DagParams):
-    """``hpd_retrain``'s: the teacher, the partitions named (None: those the promoted model has not seen) and the
-    model run's name (None: one derived from the Airflow run id)."""
+    """``hpd_retrain``'s: the teacher, the partitions named (None: those the promoted model has not seen), the
+    model run's name (None: one derived from the Airflow run id) and the retrain policy's settings."""
 
     teacher: str
     partitions: list[str] | None = None
     name: str | None = None
+    force: bool = Field(False, description="retrain whatever the retrain policy decides")
+    retrain_fraction: float = Field(
+        0.25,
+        ge=0,
+        description="retrain once the rows staged since the promoted model's training reach this share of the "
+        "rows it was trained on",
+    )
+    max_model_age_days: float = Field(
+        30.0, gt=0, description="retrain a model trained longer ago than this, once new rows came"
+    )
 
 
 class QualityReportParams(DagParams):

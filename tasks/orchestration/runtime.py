@@ -1,5 +1,5 @@
 """What the Airflow DAG tasks call at run time: the run's partition and store, stage runs, shard planning,
-the events a run emits, the new-data check of a retrain, the quality gate's verdict and a partition's drift."""
+the events a run emits, the retrain decision, the quality gate's verdict and a partition's drift."""
 
 from __future__ import annotations
 
@@ -131,23 +131,28 @@ def announce_partition(context: dict, day: str) -> dict[str, Any]:
     return extra
 
 
-def has_new_data(context: dict) -> bool:
-    """Whether a retrain has anything to learn: partitions named in its params, or encoded partitions the
-    promoted model was not trained on (any, while none is promoted)."""
-    from tasks.core import lineage
+def decide_retrain(context: dict) -> bool:
+    """Whether this retrain runs (:mod:`tasks.orchestration.retrain_policy`): its decision, the reason and what it
+    measured are logged and pushed as the task's ``decision`` XCom, the run's record of why."""
+    from tasks.orchestration import retrain_policy
 
     params = run_params(context)
     retrain = RetrainParams.model_validate(params)
-    if retrain.partitions:
-        log.info("retraining on the partitions named: %s", retrain.partitions)
-        return True
-    store = store_of(params)
-    new = lineage.untrained_partitions(store, retrain.teacher)
-    if not new:
-        log.info("no new data in %s: every encoded partition is in the promoted model's training data", store)
-        return False
-    log.info("new partitions the promoted model has not seen: %s", [d.isoformat() for d in new])
-    return True
+    dag_run = context.get("dag_run")  # a DagRunType is a str enum: "backfill" for a backfill's runs
+    if retrain.force or retrain.partitions:
+        decision = retrain_policy.forced(
+            f"forced by the run's params (force={retrain.force}, partitions={retrain.partitions})"
+        )
+    elif getattr(dag_run, "run_type", None) == "backfill":
+        decision = retrain_policy.forced("a backfill run")
+    else:
+        policy = retrain_policy.Policy(retrain.retrain_fraction, retrain.max_model_age_days)
+        decision = retrain_policy.decide(store_of(params), retrain.teacher, policy)
+    context["ti"].xcom_push(key="decision", value=decision.as_record())
+    log.info(
+        "%s: %s", f"retraining ({decision.reason})" if decision.retrain else "not retraining", decision.explanation
+    )
+    return decision.retrain
 
 
 def pca_partitions(context: dict, pca_name: str) -> list[str]:
@@ -248,10 +253,15 @@ def announce_promotion(context: dict, model_run: str, verdict: dict[str, Any]) -
     return extra
 
 
-def triggering_model_run(context: dict) -> str | None:
-    """The model run named by the run's params, else by the promotion event that triggered it (else None:
-    the promoted one)."""
-    return IndexParams.model_validate(context["params"]).model_run or assets.triggering_extra(context, "model_run")
+def model_to_index(context: dict) -> str | None:
+    """The model run ``hpd_index`` encodes with: its params', else the promotion event's that triggered it, else
+    None (the promoted one). A run with none of them while nothing is promoted is skipped."""
+    named = IndexParams.model_validate(context["params"]).model_run or assets.triggering_extra(
+        context, "model_run", assets.PROMOTED_MODEL
+    )
+    if named is None and runs.promoted_run(store_of(run_params(context))) is None:
+        raise AirflowSkipException("no model is promoted yet: nothing to index with (hpd_retrain promotes one)")
+    return named
 
 
 def gate_verdict(result: StageResult) -> Verdict:

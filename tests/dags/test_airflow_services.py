@@ -223,7 +223,7 @@ def test_a_retrain_without_new_data_distils_nothing(services):
     run_id = _trigger(services, "hpd_retrain", {})
     assert services.wait_for_run("hpd_retrain", run_id, timeout=300) == "success"
     states = services.task_states("hpd_retrain", run_id)
-    assert states["new_data"] == "success"
+    assert states["decide"] == "success"
     assert {states[t] for t in ("fit_pca", "distill", "validate", "announce_promotion")} == {"skipped"}
     assert manifest.list_keys(services.store, Stage.DISTILL) == distilled_before
 

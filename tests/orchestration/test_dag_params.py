@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 from airflow.dag_processing.dagbag import DagBag
 from airflow.sdk import Param
+from pydantic import BaseModel
 
 from tasks.core.config import StageParams
+from tasks.orchestration import run_records
 from tasks.orchestration.dag_params import FIELD_KEY, field_schema, stage_param
 from tasks.stages import params as stage_params
 from tasks.stages.params import DistillParams, StageCorpusParams
@@ -24,9 +26,10 @@ _MISSING = object()
 _OVERRIDE = re.compile(r"DAG default (?P<dag>.+?) \(stage default (?P<stage>.+?)\): (?P<why>\S.*)$", re.S)
 
 
-def _model(name: str) -> type[StageParams] | None:
-    model = StageParams if name == "StageParams" else getattr(stage_params, name, None)
-    return model if isinstance(model, type) and issubclass(model, StageParams) else None
+def _model(name: str) -> type[BaseModel] | None:
+    """The stage parameter model, or the DAG's own run-record model (``RetrainParams``), named ``name``."""
+    model = StageParams if name == "StageParams" else getattr(stage_params, name, getattr(run_records, name, None))
+    return model if isinstance(model, type) and issubclass(model, StageParams | run_records.DagParams) else None
 
 
 def _types(schema: dict[str, Any]) -> list[Any]:

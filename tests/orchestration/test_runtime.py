@@ -29,11 +29,14 @@ def test_a_run_without_a_store_takes_the_triggering_events_store():
     assert runtime.run_params({"params": {"store": None}})["store"] is None
 
 
-def test_the_model_run_comes_from_params_then_the_promotion_event():
-    events = {assets.PROMOTED_MODEL: [Event({"store": "s3://b/r", "model_run": "run-7"})]}
-    assert runtime.triggering_model_run({"params": {}, "triggering_asset_events": events}) == "run-7"
-    assert runtime.triggering_model_run({"params": {"model_run": "mine"}, "triggering_asset_events": events}) == "mine"
-    assert runtime.triggering_model_run({"params": {}}) is None
+def test_the_model_to_index_comes_from_params_then_the_promotion_event_and_no_model_skips(tmp_path):
+    store = f"file://{tmp_path}"
+    promoted = {assets.PROMOTED_MODEL: [Event({"store": store, "model_run": "run-7"})]}
+    assert runtime.model_to_index({"params": {}, "triggering_asset_events": promoted}) == "run-7"
+    assert runtime.model_to_index({"params": {"model_run": "mine"}, "triggering_asset_events": promoted}) == "mine"
+    drifted = {assets.CORPUS_UPDATED: [Event({"store": store, "model_run": "drift-reference"})]}
+    with pytest.raises(AirflowSkipException, match="no model is promoted yet"):  # a drift event names no model to index
+        runtime.model_to_index({"params": {"store": store}, "triggering_asset_events": drifted})
 
 
 def _validated(passed: bool) -> StageResult:

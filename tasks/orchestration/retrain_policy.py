@@ -1,0 +1,122 @@
+"""Whether a retrain is worth running now, and why: the policy ``hpd_retrain`` applies before it trains.
+
+New partitions do not retrain by themselves: the index takes them with the promoted student (``hpd_index``).
+A retrain runs, in this order of reasons, when:
+
+- ``forced``: the run says so (its ``force`` param, or partitions named in its params), or it is a backfill run;
+- ``no model``: nothing is promoted yet;
+- ``drift``: a partition the promoted model was not trained on is flagged by the drift stage against it;
+- ``volume``: the rows staged since the promoted model's training (sentences and augmented ones) reach
+  ``retrain_fraction`` of the rows it was trained on;
+- ``age``: there are new rows, and the promoted model was trained more than ``max_model_age_days`` ago.
+
+Otherwise it does not, and the decision says what it measured. With no new partition at all nothing but a
+forced run retrains.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, date, datetime
+from typing import Any
+
+from tasks.core import catalog, lineage, manifest
+from tasks.core.catalog import Dataset, Pointer, Stage
+
+FORCED, NO_MODEL, DRIFT, VOLUME, AGE = "forced", "no model", "drift", "volume", "age"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The thresholds of a retrain decision (``hpd_retrain``'s params)."""
+
+    retrain_fraction: float
+    max_model_age_days: float
+
+
+@dataclass(frozen=True)
+class Decision:
+    """Whether to retrain, the reason (one of the module's reasons, or None), and what the decision read."""
+
+    retrain: bool
+    reason: str | None
+    explanation: str
+    facts: dict[str, Any] = field(default_factory=dict)
+
+    def as_record(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def forced(why: str) -> Decision:
+    return Decision(True, FORCED, why)
+
+
+def decide(store: str, teacher: str, policy: Policy, now: datetime | None = None) -> Decision:
+    """The decision for ``store``'s partitions encoded by ``teacher`` (see the module docstring)."""
+    promoted, _ = catalog.read_pointer(store, Pointer.MODEL)
+    new = lineage.untrained_partitions(store, teacher)
+    if promoted is None:
+        return Decision(bool(new), NO_MODEL if new else None, _no_model(new), {"new_partitions": _days(new)})
+    if not new:
+        return Decision(False, None, "no new data: every encoded partition is in the promoted model's training data")
+    distilled = manifest.served_distill(store, promoted)
+    facts = {
+        "model_run": promoted.model_run,
+        "new_partitions": _days(new),
+        "drifted": _days([day for day in new if _drifted(store, day, promoted.model_run)]),
+        "new_rows": sum(_staged_rows(store, day) for day in new),
+        "trained_rows": _trained_rows(store, distilled),
+        "model_age_days": round(_age_days(distilled, now or datetime.now(UTC)), 3),
+    }
+    return _judged(facts, policy)
+
+
+def _judged(facts: dict[str, Any], policy: Policy) -> Decision:
+    share = facts["new_rows"] / max(facts["trained_rows"], 1)
+    facts["new_share"] = round(share, 4)
+    measured = (
+        f"{facts['new_rows']} new rows in {len(facts['new_partitions'])} partition(s), {share:.1%} of the "
+        f"{facts['trained_rows']} {facts['model_run']} was trained on; model {facts['model_age_days']:.1f} days old"
+    )
+    if facts["drifted"]:
+        return Decision(True, DRIFT, f"drift flagged on {', '.join(facts['drifted'])}; {measured}", facts)
+    if share >= policy.retrain_fraction:
+        return Decision(True, VOLUME, f"{measured}: at least retrain_fraction {policy.retrain_fraction:.1%}", facts)
+    if facts["model_age_days"] > policy.max_model_age_days:
+        return Decision(True, AGE, f"{measured}: older than max_model_age_days {policy.max_model_age_days}", facts)
+    limits = f"retrain_fraction {policy.retrain_fraction:.1%}, max_model_age_days {policy.max_model_age_days}"
+    return Decision(False, None, f"not worth a retrain: {measured}; no drift flagged; below {limits}", facts)
+
+
+def _no_model(new: list[date]) -> str:
+    if not new:
+        return "no model is promoted and no partition is encoded yet: nothing to learn"
+    return f"no model is promoted yet: training on {len(new)} encoded partition(s)"
+
+
+def _days(days: list[date]) -> list[str]:
+    return [day.isoformat() for day in days]
+
+
+def _drifted(store: str, day: date, model_run: str) -> bool:
+    """Whether the drift stage flagged partition ``day`` against ``model_run``'s training data."""
+    scored = manifest.read(store, Stage.DRIFT, catalog.partition_key(day))
+    return scored is not None and scored.stats.get("model_run") == model_run and bool(scored.stats.get("flagged"))
+
+
+def _staged_rows(store: str, day: date) -> int:
+    """The rows staging and augmentation published for partition ``day``."""
+    key = catalog.partition_key(day)
+    found = (manifest.read(store, stage, key) for stage in catalog.SENTENCE_WRITERS)
+    return sum(o.rows or 0 for written in found if written for o in written.outputs)
+
+
+def _trained_rows(store: str, distilled: manifest.Manifest) -> int:
+    """The rows of projected targets a distill run read."""
+    return sum(i.rows or 0 for i in distilled.inputs if catalog.dataset_at(store, i.uri) == Dataset.PROJECTED_TARGETS)
+
+
+def _age_days(distilled: manifest.Manifest, now: datetime) -> float:
+    """Days since the distill run ended."""
+    ended = datetime.fromisoformat(distilled.document["ended_at"])
+    return (now - ended).total_seconds() / 86400

@@ -1,0 +1,65 @@
+"""``hpd_retrain`` decides through Airflow whether to train: a run with nothing worth training ends green with every
+training task skipped, and a forced, a volume-triggered and a drift-flagged run each go on to train, their reason
+in the ``decide`` task's log. The training tasks themselves run in tests/dags/test_dag_runs.py."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tasks import demo
+from tasks.core import config, manifest
+from tasks.core.catalog import Stage
+from tasks.stages import drift
+from tests.support.policy_store import NEW, promoted_store, stage_new_partition
+
+pytestmark = pytest.mark.models
+
+TRAINING_TASKS = ("fit_pca", "training_partitions", "check_quality", "distill", "validate", "announce_promotion")
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    """A promoted model, a new partition of 12 rows (15% of its 80 training rows), and a migrated Airflow home."""
+    root = tmp_path_factory.mktemp("decisions")
+    prepared = promoted_store(root)
+    stage_new_partition(prepared, rows=12)
+    plan = demo.DemoPlan(store=prepared["store"], airflow_home=root / "airflow", day=NEW)
+    env = plan.airflow_env()
+    (root / "airflow").mkdir()
+    _airflow(["db", "migrate"], env)
+    return {**prepared, "env": env}
+
+
+def _airflow(args: list[str], env: dict[str, str]) -> str:
+    command = [str(Path(sys.executable).parent / "airflow"), *args]
+    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:]
+    return done.stdout
+
+
+def _decide(prepared: dict, day: str, **params) -> str:
+    """The ``decide`` task of a new ``hpd_retrain`` run for ``day`` with ``params``: its log line."""
+    conf = {"store": prepared["store"], "teacher": prepared["teacher"], **params}
+    out = _airflow(["tasks", "test", "hpd_retrain", "decide", day, "-t", json.dumps(conf)], prepared["env"])
+    (line,) = [line for line in out.splitlines() if "retraining" in line and "tasks.orchestration.runtime" in line]
+    return line
+
+
+def test_a_run_not_worth_training_ends_green_training_nothing(prepared):
+    conf = {"store": prepared["store"], "teacher": prepared["teacher"]}
+    out = _airflow(["dags", "test", "hpd_retrain", "2026-11-10", "--conf", json.dumps(conf)], prepared["env"])
+    assert "not retraining: not worth a retrain: 12 new rows in 1 partition(s), 15.0% of the 80" in out
+    assert "DagRun Finished: dag_id=hpd_retrain" in out and "state=success" in out
+    assert not any(f"[DAG TEST] starting task_id={task}" in out for task in TRAINING_TASKS)
+    assert manifest.list_keys(prepared["store"], Stage.DISTILL) == ["tiny"]
+
+
+def test_forced_volume_and_drift_runs_train_and_say_why(prepared):
+    assert "retraining (forced): forced by the run's params (force=True" in _decide(prepared, "2026-11-11", force=True)
+    volume = _decide(prepared, "2026-11-12", retrain_fraction=0.1)
+    assert "retraining (volume): 12 new rows" in volume and "at least retrain_fraction 10.0%" in volume
+    drift.run(config.parse(drift.DriftParams, {"store": prepared["store"], "ingest_date": NEW, "threshold": 1e-6}))
+    assert f"retraining (drift): drift flagged on {NEW.isoformat()}" in _decide(prepared, "2026-11-13")
