@@ -40,17 +40,24 @@ def trained_partitions(store: str, model_run: str) -> set[date]:
     return partitions_read(store, distill_manifest(store, model_run))
 
 
+def learned_partitions(store: str, distilled: manifest.Manifest) -> set[date]:
+    """The partitions a distill run's student has learned from: those it read and, when it was warm-started,
+    those its start had learned (the run's ``learned_partitions`` stat; a run from before it: those it read)."""
+    recorded = {date.fromisoformat(day) for day in distilled.stats.get("learned_partitions", [])}
+    return recorded | partitions_read(store, distilled)
+
+
 def encoded_partitions(store: str, teacher: str) -> set[date]:
     """The partitions with at least one shard encoded by ``teacher``."""
     return partitions_in(manifest.list_keys(store, Stage.ENCODE_TEACHER, under=catalog.teacher_key_prefix(teacher)))
 
 
 def untrained_partitions(store: str, teacher: str) -> list[date]:
-    """Encoded partitions the promoted model was not trained on (all of them while none is promoted), sorted."""
+    """Encoded partitions the promoted model has not learned from (all of them while none is promoted), sorted."""
     promoted, _ = catalog.read_pointer(store, Pointer.MODEL)
     if promoted is None:
         return sorted(encoded_partitions(store, teacher))
-    seen = partitions_read(store, manifest.served_distill(store, promoted))
+    seen = learned_partitions(store, manifest.served_distill(store, promoted))
     return sorted(encoded_partitions(store, teacher) - seen)
 
 

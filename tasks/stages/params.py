@@ -117,6 +117,11 @@ class DistillParams(StageParams):
     partitions: list[date] | None = Field(None, description="train on these ingest dates (default: all)")
     student: str = Field(DEFAULT_STUDENT, description="packaged model, local folder or cached hub id")
     student_layers: int | None = Field(None, gt=0, description="keep only the first N transformer layers")
+    warm_start: RunName | None = Field(
+        None,
+        description="start from this distill run's exported student (its transformer; the head is initialised "
+        "again by init) instead of the student model",
+    )
     activation: Activation = "tanh"
     init: Init = Field("ridge", description="Dense head initialisation: ridge, pca or random")
     init_rows: int = Field(4096, gt=1, description="training rows sampled to fit the ridge/pca init")

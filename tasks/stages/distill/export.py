@@ -87,6 +87,7 @@ def model_card(
         },
         name=params.name,
         student=params.student,
+        warm_start=f" (warm-started from distill run `{params.warm_start}`)" if params.warm_start else "",
         teacher=params.teacher,
         pca_name=params.pca_name,
         layers=f"(first {params.student_layers} layers) " if params.student_layers else "",

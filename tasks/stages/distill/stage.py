@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+import tempfile
+from pathlib import Path
 
-from tasks.core import manifest
+from tasks.core import catalog, lineage, manifest
 from tasks.core.catalog import Stage
+from tasks.ml import student
 from tasks.stages.distill import export
 from tasks.stages.distill.data import TrainingData, shard_pairs
-from tasks.stages.distill.distributed import init_distributed, select_device
+from tasks.stages.distill.distributed import Distributed, init_distributed, select_device
+from tasks.stages.distill.errors import DistillError
 from tasks.stages.distill.trainer import Trainer
 from tasks.stages.params import DistillParams
 
@@ -21,29 +25,28 @@ log = logging.getLogger(__name__)
 
 def run(params: DistillParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Train (or resume) the student on the PCA run's targets and publish the exported model."""
-    import torch
-
     dist = init_distributed()
     pairs = shard_pairs(params.store, params.teacher, params.pca_name, params.partitions)
+    warm = _warm_start(params)
     stage_run = manifest.StageRun(
         stage=Stage.DISTILL,
         key=params.name,
         store=params.store,
         params=params.model_dump(mode="json", exclude=RUNTIME),
         inputs=[
-            item
-            for p in pairs
-            for item in (
-                manifest.Input(p.sentences_uri, p.sha256[0], p.rows),
-                manifest.Input(p.targets_uri, p.sha256[1], p.rows),
-            )
+            *(
+                item
+                for p in pairs
+                for item in (
+                    manifest.Input(p.sentences_uri, p.sha256[0], p.rows),
+                    manifest.Input(p.targets_uri, p.sha256[1], p.rows),
+                )
+            ),
+            *([] if warm is None else [manifest.Input(warm.version_uri(params.store), warm.fingerprint)]),
         ],
     )
     if skipped := stage_run.skip_result(force):
         return skipped
-    if params.threads:
-        torch.set_num_threads(params.threads)
-    device = select_device(params.device, dist)
     with stage_run.phase("load_data"):
         data = TrainingData(pairs, params.seed, params.val_fraction, params.val_max_rows)
     log.info(
@@ -53,13 +56,48 @@ def run(params: DistillParams, force: bool = False, progress: bool = False) -> m
         len(data.val_texts),
         data.dim,
         len(pairs),
-        params.student,
+        params.student if warm is None else f"warm-started from distill run {params.warm_start}",
     )
-    trainer = Trainer(params, data, device, dist, stage_run.fingerprint)
+    with tempfile.TemporaryDirectory(prefix="hpd-warm-start-") as scratch:
+        return _trained(params, stage_run, data, dist, (force, progress), warm, Path(scratch))
+
+
+def _warm_start(params: DistillParams) -> manifest.Manifest | None:
+    """The distill run ``warm_start`` names (its latest), or None; a :class:`DistillError` when none is published."""
+    if params.warm_start is None:
+        return None
+    found = manifest.read(params.store, Stage.DISTILL, params.warm_start)
+    if found is None:
+        raise DistillError(f"{params.store}: no published distill run {params.warm_start!r} to warm-start from")
+    return found
+
+
+def _trained(
+    params: DistillParams,
+    stage_run: manifest.StageRun,
+    data: TrainingData,
+    dist: Distributed,
+    flags: tuple[bool, bool],
+    warm: manifest.Manifest | None,
+    scratch: Path,
+) -> manifest.StageResult:
+    """Train the student (the base model, or ``warm``'s exported student downloaded into ``scratch``) on
+    ``data``, then export and publish it (the leader). ``flags``: (force, progress)."""
+    import torch
+
+    force, progress = flags
+    if params.threads:
+        torch.set_num_threads(params.threads)
+    device = select_device(params.device, dist)
+    spec = params.student if warm is None else str(student.fetch_published(warm, scratch))
+    trainer = Trainer(params, data, device, dist, stage_run.fingerprint, spec)
     with stage_run.phase("train"):
         init_record = trainer.restore_or_initialise(force)
         trainer.train(progress)
     summary = export.run_summary(trainer, init_record)
+    read = lineage.partitions_in(catalog.store_key(params.store, i.uri) or i.uri for i in stage_run.inputs)
+    learned = read | (set() if warm is None else lineage.learned_partitions(params.store, warm))
+    summary["learned_partitions"] = sorted(day.isoformat() for day in learned)
     runtime = {"runtime": params.model_dump(mode="json", include=RUNTIME)}
     if not dist.leader:
         return manifest.StageResult(stage_run.uri, skipped=False, stats={**summary, **runtime}, outputs=())

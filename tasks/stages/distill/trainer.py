@@ -45,12 +45,13 @@ class Trainer:
     optimisation, state, kept weights and checkpoints."""
 
     def __init__(
-        self, params: DistillParams, data: TrainingData, device: str, dist: Distributed, fingerprint: str
+        self, params: DistillParams, data: TrainingData, device: str, dist: Distributed, fingerprint: str, spec=""
     ) -> None:
+        """``spec``: the model to start from (default: ``params.student``; a warm start's downloaded folder)."""
         self.params, self.data, self.dist = params, data, dist
         self.plan = TrainingPlan.of(params, data.train_rows, device, dist.world)
         seed_everything(params.seed)
-        self.model = _build_student(params, data.dim, device)
+        self.model = _build_student(params, spec or params.student, data.dim, device)
         self.view = student.as_sentence_transformer(self.model)
         self.evaluator = FidelityEvaluator(data, params.select_on)
         self.optim = Optimization(self.model, params, self.plan.total_steps)
@@ -164,9 +165,9 @@ def _latest_checkpoint(checkpoints: Checkpoints) -> tuple[dict[str, Any], str, d
         raise DistillError(f"{exc}; rerun with --force to start over") from None
 
 
-def _build_student(params: DistillParams, dim: int, device: str) -> Any:
+def _build_student(params: DistillParams, spec: str, dim: int, device: str) -> Any:
     model = student.build(
-        params.student, dim, params.activation, params.student_layers, params.max_seq_length, params.dropout, device
+        spec, dim, params.activation, params.student_layers, params.max_seq_length, params.dropout, device
     )
-    student.freeze(model, params.freeze_layers, params.student)
+    student.freeze(model, params.freeze_layers, spec)
     return model

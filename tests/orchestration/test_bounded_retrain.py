@@ -1,0 +1,85 @@
+"""A bounded retrain: the partitions it learns from (new ones, then a replay sample, within max_train_rows) and a
+warm start from the promoted student, which counts what that student had learned as learned."""
+
+import numpy as np
+import pytest
+
+from tasks.core import catalog, config, lineage, manifest
+from tasks.core.catalog import Stage
+from tasks.ml.encoder import SentenceEncoder
+from tasks.orchestration import retrain_policy
+from tasks.stages import fit_pca
+from tasks.stages.distill.errors import DistillError
+from tests.support.policy_store import NEW, TRAINED, TRAINED_ROWS, promoted_store, stage_new_partition
+from tests.support.projected_store import distill_tiny
+
+pytestmark = pytest.mark.models
+
+NEW_ROWS = 40
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    found = promoted_store(tmp_path_factory.mktemp("bounded"))
+    stage_new_partition(found, rows=NEW_ROWS)
+    return found
+
+
+def test_the_new_partitions_come_first_then_older_ones_while_they_fit(prepared):
+    store, teacher = prepared["store"], prepared["teacher"]
+    assert retrain_policy.training_partitions(store, teacher, None) == [TRAINED, NEW]
+    assert retrain_policy.training_partitions(store, teacher, NEW_ROWS + TRAINED_ROWS) == [TRAINED, NEW]
+    assert retrain_policy.training_partitions(store, teacher, NEW_ROWS + TRAINED_ROWS - 1) == [NEW]
+    assert retrain_policy.training_partitions(store, teacher, 1) == [NEW]  # at least one
+
+
+def _warm_started(prepared, name: str, **settings) -> manifest.StageResult:
+    """A distill run on partition NEW alone (its own PCA run), warm-started from the promoted 'tiny'."""
+    store, teacher = prepared["store"], prepared["teacher"]
+    values = {"store": store, "teacher": teacher, "k": 8, "partitions": [NEW], "name": "k8-new"}
+    fit_pca.run(config.parse(fit_pca.FitPCAParams, values))
+    return distill_tiny(prepared, name, max_steps=1, pca_name="k8-new", **settings)
+
+
+def test_a_warm_start_begins_from_the_promoted_student_and_inherits_what_it_learned(prepared, tmp_path):
+    store = prepared["store"]
+    warm = _warm_started(prepared, "warm", warm_start="tiny", blend_initial=[], lr=1e-9)
+    cold = _warm_started(prepared, "cold", blend_initial=[], lr=1e-9)
+    published = manifest.read(store, Stage.DISTILL, "warm")
+    assert published.inputs[-1].uri == prepared["distilled"].version_uri(store)  # lineage, and the fingerprint
+    assert published.stats["learned_partitions"] == [TRAINED.isoformat(), NEW.isoformat()]
+    assert cold.stats["learned_partitions"] == [NEW.isoformat()]
+    assert lineage.learned_partitions(store, published) == {TRAINED, NEW}
+
+    def body(run: str):  # the transformer's weights, the head aside (it is initialised again)
+        from tasks.ml import student
+
+        folder = student.fetch_exported(store, run, tmp_path / run)
+        return SentenceEncoder.load(str(folder)).transformer.state_dict()
+
+    promoted, started, base = body("tiny"), body("warm"), body("cold")
+    name = next(n for n in promoted if n.endswith("query.weight"))
+    assert np.allclose(started[name], promoted[name], atol=1e-5)  # lr 1e-9: the weights it started from
+    assert not np.allclose(base[name], promoted[name], atol=1e-5)
+    card = (tmp_path / "warm" / "README.md").read_text()
+    assert "warm-started from distill run `tiny`" in card
+    assert warm.stats["steps"] == 1
+
+
+def test_once_promoted_a_warm_started_model_leaves_nothing_untrained(prepared):
+    store, teacher = prepared["store"], prepared["teacher"]
+    if manifest.read(store, Stage.DISTILL, "warm") is None:
+        _warm_started(prepared, "warm", warm_start="tiny", blend_initial=[], lr=1e-9)
+    warm = manifest.read(store, Stage.DISTILL, "warm")
+    validation = catalog.manifest_uri(store, Stage.VALIDATE, "warm")
+    pointer, etag = catalog.read_pointer(store, catalog.Pointer.MODEL)
+    catalog.move_pointer(store, catalog.ModelPointer("warm", {}, validation, warm.version_uri(store)), etag)
+    try:
+        assert lineage.untrained_partitions(store, teacher) == []  # TRAINED came through the warm start
+    finally:
+        catalog.move_pointer(store, pointer, catalog.read_pointer(store, catalog.Pointer.MODEL)[1])
+
+
+def test_a_warm_start_from_a_run_that_does_not_exist_is_refused_naming_it(prepared):
+    with pytest.raises(DistillError, match="no published distill run 'nowhere' to warm-start from"):
+        _warm_started(prepared, "orphan", warm_start="nowhere")
