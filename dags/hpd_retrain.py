@@ -8,8 +8,9 @@ nothing is promoted, when drift is flagged on a partition the promoted model has
 staged since its training reach `retrain_fraction` of its training rows, or when there are new rows and
 the model is older than `max_model_age_days`. Otherwise it ends there, green, training nothing (the index
 still takes the new partitions: `hpd_index`); the `decide` task's log and its `decision` XCom say why.
-Then: fit the PCA over the selected partitions' teacher embeddings (writing
-the projected targets), distil the student (on the GPU workers' queue, or its executor, where the
+Then it learns from a bounded set: the new partitions plus a replay sample of older ones, up to
+`max_train_rows`, starting from the promoted student (`warm_start`). It fits the PCA over their teacher
+embeddings (writing the projected targets), distils the student (on the GPU workers' queue, or its executor, where the
 deployment has them; in a pod asking for `nvidia.com/gpu` under the KubernetesExecutor; CPU otherwise)
 once the great-expectations suites passed on every partition it learns from (sentences, teacher embeddings,
 projected targets: the quality stage `hpd_quality_report` runs; a failure fails the run before distilling),
@@ -57,6 +58,8 @@ from tasks.stages.params import DistillParams, FitPCAParams
         "force": stage_param(RetrainParams, "force"),
         "retrain_fraction": stage_param(RetrainParams, "retrain_fraction"),
         "max_model_age_days": stage_param(RetrainParams, "max_model_age_days"),
+        "max_train_rows": stage_param(RetrainParams, "max_train_rows"),
+        "warm_start": stage_param(RetrainParams, "warm_start"),
         "partitions": stage_param(FitPCAParams, "partitions"),
         "teacher": stage_param(FitPCAParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT),
         "k": stage_param(FitPCAParams, "k", DEFAULT_K, DEPLOYMENT),
@@ -91,14 +94,9 @@ def hpd_retrain():
 
     @task
     def fit_pca(**context) -> str:
-        from tasks.core.catalog import Stage
         from tasks.orchestration import runtime
 
-        p = runtime.run_params(context)
-        values = runtime.pick(p, "teacher", "partitions", "k", "mode", "max_rows")
-        params = runtime.stage_params(Stage.FIT_PCA, values, p)
-        runtime.run_stage(Stage.FIT_PCA, params)
-        return params.name
+        return runtime.fit_pca(context)
 
     @task
     def training_partitions(pca_name: str, **context) -> list[str]:

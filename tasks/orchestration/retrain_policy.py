@@ -12,10 +12,16 @@ A retrain runs, in this order of reasons, when:
 
 Otherwise it does not, and the decision says what it measured. With no new partition at all nothing but a
 forced run retrains.
+
+A retrain learns from a bounded set (:func:`training_partitions`): the partitions the promoted model has not
+learned from and, filling what is left of ``max_train_rows``, a replay sample of older ones, so its cost follows
+the new data, not the store; it may start from the promoted student (``warm_start``) rather than the base model.
 """
 
 from __future__ import annotations
 
+import hashlib
+import random
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, date, datetime
 from typing import Any
@@ -69,6 +75,27 @@ def decide(store: str, teacher: str, policy: Policy, now: datetime | None = None
         "model_age_days": round(_age_days(distilled, now or datetime.now(UTC)), 3),
     }
     return _judged(facts, policy)
+
+
+def training_partitions(store: str, teacher: str, max_rows: int | None) -> list[date]:
+    """The partitions a retrain learns from: every encoded one when ``max_rows`` is None; else the new ones (those
+    the promoted model has not learned from), newest first while they fit in ``max_rows`` (at least one), then
+    older ones drawn at random, seeded by the new ones (a rerun draws the same), while they fit. Sorted."""
+    new = lineage.untrained_partitions(store, teacher)
+    if max_rows is None:
+        return sorted(lineage.encoded_partitions(store, teacher))
+    older = sorted(lineage.encoded_partitions(store, teacher) - set(new))
+    random.Random(hashlib.sha256(",".join(_days(new)).encode()).hexdigest()).shuffle(older)
+    chosen, rows = [], 0
+    for day in [*sorted(new, reverse=True), *older]:
+        if rows >= max_rows:
+            break
+        day_rows = _staged_rows(store, day)
+        if chosen and rows + day_rows > max_rows:
+            continue
+        chosen.append(day)
+        rows += day_rows
+    return sorted(chosen)
 
 
 def _judged(facts: dict[str, Any], policy: Policy) -> Decision:

@@ -20,7 +20,7 @@ class IngestParams(DagParams):
 
 
 class RetrainParams(DagParams):
-    """``hpd_retrain``'s: the teacher, the partitions named (None: those the promoted model has not seen), the
+    """``hpd_retrain``'s: the teacher, the partitions named (None: those ``max_train_rows`` selects), the
     model run's name (None: one derived from the Airflow run id) and the retrain policy's settings."""
 
     teacher: str
@@ -35,6 +35,15 @@ class RetrainParams(DagParams):
     )
     max_model_age_days: float = Field(
         30.0, gt=0, description="retrain a model trained longer ago than this, once new rows came"
+    )
+    max_train_rows: int | None = Field(
+        100_000,
+        gt=0,
+        description="rows a retrain learns from: the new partitions, then a replay sample of older ones "
+        "(empty: every partition)",
+    )
+    warm_start: bool = Field(
+        True, description="start from the promoted student rather than the base model (when it has the same base)"
     )
 
 

@@ -155,6 +155,23 @@ def decide_retrain(context: dict) -> bool:
     return decision.retrain
 
 
+def fit_pca(context: dict) -> str:
+    """The fit-pca stage over the run's training partitions (its params', else those the retrain policy's
+    ``max_train_rows`` selects); the PCA run's name."""
+    from tasks.orchestration import retrain_policy
+
+    params = run_params(context)
+    retrain = RetrainParams.model_validate(params)
+    days = retrain.partitions or retrain_policy.training_partitions(
+        store_of(params), retrain.teacher, retrain.max_train_rows
+    )
+    log.info("training partitions: %s", [str(day) for day in days])
+    values = {**pick(params, "teacher", "k", "mode", "max_rows"), "partitions": days}
+    parsed = stage_params(Stage.FIT_PCA, values, params)
+    run_stage(Stage.FIT_PCA, parsed)
+    return parsed.name
+
+
 def pca_partitions(context: dict, pca_name: str) -> list[str]:
     """The partitions (ingest dates) whose teacher embeddings the run's PCA run ``pca_name`` read."""
     from tasks.core import lineage
@@ -192,11 +209,29 @@ def distill(context: dict, pca_name: str) -> str:
         "amp",
         "onnx",
     )
-    name = RetrainParams.model_validate(params).name or run_name(context)
-    values = {**pick(params, *settings), "pca_name": pca_name, "name": name}
+    retrain = RetrainParams.model_validate(params)
+    values = {**pick(params, *settings), "pca_name": pca_name, "name": retrain.name or run_name(context)}
+    if retrain.warm_start and (start := _warm_start(params, values["name"])):
+        values["warm_start"] = start
     parsed = stage_params(Stage.DISTILL, values, params)
     run_stage(Stage.DISTILL, parsed)
     return parsed.name
+
+
+def _warm_start(params: dict, name: str) -> str | None:
+    """The model run distill run ``name`` starts from: as recorded when it ran before (a rerun trains, or skips,
+    as it did); else the promoted one, when its student has the base this run asks for (``student``,
+    ``student_layers``); else None."""
+    store = store_of(params)
+    if (earlier := manifest.read(store, Stage.DISTILL, name)) is not None:
+        return earlier.params.get("warm_start")
+    promoted = runs.promoted_run(store)
+    if promoted is None:
+        return None
+    trained = manifest.read(store, Stage.DISTILL, promoted)
+    same = trained is not None and all(trained.params.get(n) == params[n] for n in ("student", "student_layers"))
+    log.info("warm start: %s", f"from the promoted {promoted}" if same else "none (no promoted model of this base)")
+    return promoted if same else None
 
 
 def validate(context: dict, model_run: str) -> dict[str, Any]:
