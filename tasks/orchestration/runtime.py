@@ -211,14 +211,14 @@ def distill(context: dict, pca_name: str) -> str:
     )
     retrain = RetrainParams.model_validate(params)
     values = {**pick(params, *settings), "pca_name": pca_name, "name": retrain.name or run_name(context)}
-    if retrain.warm_start and (start := _warm_start(params, values["name"])):
+    if retrain.warm_start and (start := warm_start_for(params, values["name"])):
         values["warm_start"] = start
     parsed = stage_params(Stage.DISTILL, values, params)
     run_stage(Stage.DISTILL, parsed)
     return parsed.name
 
 
-def _warm_start(params: dict, name: str) -> str | None:
+def warm_start_for(params: dict, name: str) -> str | None:
     """The model run distill run ``name`` starts from: as recorded when it ran before (a rerun trains, or skips,
     as it did); else the promoted one, when its student has the base this run asks for (``student``,
     ``student_layers``); else None."""

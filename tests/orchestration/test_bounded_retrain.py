@@ -83,3 +83,17 @@ def test_once_promoted_a_warm_started_model_leaves_nothing_untrained(prepared):
 def test_a_warm_start_from_a_run_that_does_not_exist_is_refused_naming_it(prepared):
     with pytest.raises(DistillError, match="no published distill run 'nowhere' to warm-start from"):
         _warm_started(prepared, "orphan", warm_start="nowhere")
+
+
+def test_the_dag_warm_starts_from_the_promoted_model_of_the_same_base_and_a_rerun_as_it_ran(prepared):
+    from tasks.orchestration import runtime
+
+    for run in ("warm", "cold"):
+        if manifest.read(prepared["store"], Stage.DISTILL, run) is None:
+            _warm_started(prepared, run, **({"warm_start": "tiny"} if run == "warm" else {}))
+    params = {"store": prepared["store"], "student": prepared["student"], "student_layers": None}
+    assert runtime.warm_start_for(params, "next") == "tiny"
+    assert runtime.warm_start_for({**params, "student_layers": 1}, "next") is None  # another base: from it
+    assert runtime.warm_start_for({**params, "student": prepared["teacher"]}, "next") is None
+    assert runtime.warm_start_for(params, "warm") == "tiny"  # a rerun of a published run starts as it did
+    assert runtime.warm_start_for(params, "cold") is None
