@@ -9,14 +9,16 @@ staged since its training reach `retrain_fraction` of its training rows, or when
 the model is older than `max_model_age_days`. Otherwise it ends there, green, training nothing (the index
 still takes the new partitions: `hpd_index`); the `decide` task's log and its `decision` XCom say why.
 Then it learns from a bounded set: the new partitions plus a replay sample of older ones, up to
-`max_train_rows`, starting from the promoted student (`warm_start`). It fits the PCA over their teacher
-embeddings (writing the projected targets), distils the student (on the GPU workers' queue, or its executor, where the
-deployment has them; in a pod asking for `nvidia.com/gpu` under the KubernetesExecutor; CPU otherwise)
-once the great-expectations suites passed on every partition it learns from (sentences, teacher embeddings,
-projected targets: the quality stage `hpd_quality_report` runs; a failure fails the run before distilling),
-validate it (STS, fidelity, retrieval, quality gate, HTML report). A failed gate fails the run (red, with
-the reasons, scores and report in the log and the alert) and promotes nothing; a passing student becomes
-`models/current.json` and an `hpd_promoted_model` event (store, model run) schedules `hpd_index`.
+`max_train_rows`, starting from the promoted student (`warm_start`; a backfill's run starts from the base
+model and selects from every partition, so its model does not depend on the order the days came in). It fits
+the PCA over their teacher embeddings (writing the projected targets), distils the student (on the GPU
+workers' queue, or its executor, where the deployment has them; in a pod asking for `nvidia.com/gpu` under the
+KubernetesExecutor; CPU otherwise) once the great-expectations suites passed on every partition it learns from
+(sentences, teacher embeddings, projected targets: the quality stage `hpd_quality_report` runs; a failure
+fails the run before distilling), validate it (STS, fidelity, retrieval, quality gate, HTML report). A failed
+gate fails the run (red, with the reasons, scores and report in the log and the alert) and promotes nothing; a
+passing student becomes `models/current.json` and an `hpd_promoted_model` event (store, model run) schedules
+`hpd_index`.
 The logic lives in `tasks/`; this file only wires it. Params come from the stages' own parameter
 models; where this DAG's default differs, the param's description says why.
 """

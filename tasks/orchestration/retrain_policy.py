@@ -77,14 +77,16 @@ def decide(store: str, teacher: str, policy: Policy, now: datetime | None = None
     return _judged(facts, policy)
 
 
-def training_partitions(store: str, teacher: str, max_rows: int | None) -> list[date]:
+def training_partitions(store: str, teacher: str, max_rows: int | None, after_promoted: bool = True) -> list[date]:
     """The partitions a retrain learns from: every encoded one when ``max_rows`` is None; else the new ones (those
-    the promoted model has not learned from), newest first while they fit in ``max_rows`` (at least one), then
-    older ones drawn at random, seeded by the new ones (a rerun draws the same), while they fit. Sorted."""
-    new = lineage.untrained_partitions(store, teacher)
+    the promoted model has not learned from; every one when not ``after_promoted``), newest first while they fit in
+    ``max_rows`` (at least one), then older ones drawn at random, seeded by the new ones (a rerun draws the same),
+    while they fit. Sorted."""
+    encoded = lineage.encoded_partitions(store, teacher)
     if max_rows is None:
-        return sorted(lineage.encoded_partitions(store, teacher))
-    older = sorted(lineage.encoded_partitions(store, teacher) - set(new))
+        return sorted(encoded)
+    new = lineage.untrained_partitions(store, teacher) if after_promoted else sorted(encoded)
+    older = sorted(encoded - set(new))
     random.Random(hashlib.sha256(",".join(_days(new)).encode()).hexdigest()).shuffle(older)
     chosen, rows = [], 0
     for day in [*sorted(new, reverse=True), *older]:

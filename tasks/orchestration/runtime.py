@@ -131,6 +131,11 @@ def announce_partition(context: dict, day: str) -> dict[str, Any]:
     return extra
 
 
+def is_backfill(context: dict) -> bool:
+    """Whether the run is one of a backfill's (a DagRunType is a str enum: "backfill")."""
+    return getattr(context.get("dag_run"), "run_type", None) == "backfill"
+
+
 def decide_retrain(context: dict) -> bool:
     """Whether this retrain runs (:mod:`tasks.orchestration.retrain_policy`): its decision, the reason and what it
     measured are logged and pushed as the task's ``decision`` XCom, the run's record of why."""
@@ -138,12 +143,11 @@ def decide_retrain(context: dict) -> bool:
 
     params = run_params(context)
     retrain = RetrainParams.model_validate(params)
-    dag_run = context.get("dag_run")  # a DagRunType is a str enum: "backfill" for a backfill's runs
     if retrain.force or retrain.partitions:
         decision = retrain_policy.forced(
             f"forced by the run's params (force={retrain.force}, partitions={retrain.partitions})"
         )
-    elif getattr(dag_run, "run_type", None) == "backfill":
+    elif is_backfill(context):
         decision = retrain_policy.forced("a backfill run")
     else:
         policy = retrain_policy.Policy(retrain.retrain_fraction, retrain.max_model_age_days)
@@ -157,13 +161,13 @@ def decide_retrain(context: dict) -> bool:
 
 def fit_pca(context: dict) -> str:
     """The fit-pca stage over the run's training partitions (its params', else those the retrain policy's
-    ``max_train_rows`` selects); the PCA run's name."""
+    ``max_train_rows`` selects; for a backfill's run, from every partition alike); the PCA run's name."""
     from tasks.orchestration import retrain_policy
 
     params = run_params(context)
     retrain = RetrainParams.model_validate(params)
     days = retrain.partitions or retrain_policy.training_partitions(
-        store_of(params), retrain.teacher, retrain.max_train_rows
+        store_of(params), retrain.teacher, retrain.max_train_rows, after_promoted=not is_backfill(context)
     )
     log.info("training partitions: %s", [str(day) for day in days])
     values = {**pick(params, "teacher", "k", "mode", "max_rows"), "partitions": days}
@@ -194,8 +198,9 @@ def check_quality(context: dict, day: str, pca_name: str) -> dict[str, Any]:
 
 
 def distill(context: dict, pca_name: str) -> str:
-    """The distill stage on the targets of ``pca_name`` with the run's params; the model run's name (the run's
-    ``name``, else one derived from the Airflow run id)."""
+    """The distill stage on the targets of ``pca_name`` with the run's params, warm-started as
+    :func:`warm_start_for` says (a backfill's run starts from the base model: its model must not depend on the
+    order the days came in); the model run's name (the run's ``name``, else one derived from the Airflow run id)."""
     params = run_params(context)
     settings = (
         "teacher",
@@ -211,7 +216,7 @@ def distill(context: dict, pca_name: str) -> str:
     )
     retrain = RetrainParams.model_validate(params)
     values = {**pick(params, *settings), "pca_name": pca_name, "name": retrain.name or run_name(context)}
-    if retrain.warm_start and (start := warm_start_for(params, values["name"])):
+    if retrain.warm_start and not is_backfill(context) and (start := warm_start_for(params, values["name"])):
         values["warm_start"] = start
     parsed = stage_params(Stage.DISTILL, values, params)
     run_stage(Stage.DISTILL, parsed)
