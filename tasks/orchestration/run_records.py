@@ -28,10 +28,10 @@ class RetrainParams(DagParams):
     name: str | None = None
     force: bool = Field(False, description="retrain whatever the retrain policy decides")
     retrain_fraction: float = Field(
-        0.25,
+        0.5,
         ge=0,
         description="retrain once the rows staged since the promoted model's training reach this share of the "
-        "rows it was trained on",
+        "rows it was trained on (the rows all retrains learn from add up to at most (1 + f) / f times those staged)",
     )
     max_model_age_days: float = Field(
         30.0, gt=0, description="retrain a model trained longer ago than this, once new rows came"
