@@ -54,11 +54,15 @@ def encoded_partitions(store: str, teacher: str) -> set[date]:
 
 def untrained_partitions(store: str, teacher: str) -> list[date]:
     """Encoded partitions the promoted model has not learned from (all of them while none is promoted), sorted."""
+    return unlearned(store, encoded_partitions(store, teacher))
+
+
+def unlearned(store: str, partitions: set[date]) -> list[date]:
+    """Those of ``partitions`` the promoted model has not learned from (all of them while none is promoted), sorted."""
     promoted, _ = catalog.read_pointer(store, Pointer.MODEL)
     if promoted is None:
-        return sorted(encoded_partitions(store, teacher))
-    seen = learned_partitions(store, manifest.served_distill(store, promoted))
-    return sorted(encoded_partitions(store, teacher) - seen)
+        return sorted(partitions)
+    return sorted(partitions - learned_partitions(store, manifest.served_distill(store, promoted)))
 
 
 # -- provenance: the graph the manifests imply --------------------------------------------------------------

@@ -128,6 +128,12 @@ def promoted_run(store: str) -> str | None:
     return None if pointer is None else pointer.model_run
 
 
+def promoted_model(store: str) -> manifest.Manifest | None:
+    """The distill manifest (the version) ``models/current.json`` serves, None while nothing is promoted."""
+    pointer, _ = catalog.read_pointer(storage.to_uri(store), Pointer.MODEL)
+    return None if pointer is None else manifest.served_distill(storage.to_uri(store), pointer)
+
+
 def list_runs(store: str) -> list[Run]:
     """Every model run of ``store``, newest first."""
     promoted = promoted_run(store)

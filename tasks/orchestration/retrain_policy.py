@@ -85,7 +85,7 @@ def training_partitions(store: str, teacher: str, max_rows: int | None, after_pr
     encoded = lineage.encoded_partitions(store, teacher)
     if max_rows is None:
         return sorted(encoded)
-    new = lineage.untrained_partitions(store, teacher) if after_promoted else sorted(encoded)
+    new = lineage.unlearned(store, encoded) if after_promoted else sorted(encoded)
     older = sorted(encoded - set(new))
     random.Random(hashlib.sha256(",".join(_days(new)).encode()).hexdigest()).shuffle(older)
     chosen, rows = [], 0

@@ -230,13 +230,12 @@ def warm_start_for(params: dict, name: str) -> str | None:
     store = store_of(params)
     if (earlier := manifest.read(store, Stage.DISTILL, name)) is not None:
         return earlier.params.get("warm_start")
-    promoted = runs.promoted_run(store)
-    if promoted is None:
+    trained = runs.promoted_model(store)
+    if trained is None:
         return None
-    trained = manifest.read(store, Stage.DISTILL, promoted)
-    same = trained is not None and all(trained.params.get(n) == params[n] for n in ("student", "student_layers"))
-    log.info("warm start: %s", f"from the promoted {promoted}" if same else "none (no promoted model of this base)")
-    return promoted if same else None
+    same = all(trained.params.get(n) == params[n] for n in ("student", "student_layers"))
+    log.info("warm start: %s", f"from the promoted {trained.key}" if same else "none (no promoted model of this base)")
+    return trained.key if same else None
 
 
 def validate(context: dict, model_run: str) -> dict[str, Any]:

@@ -6,7 +6,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from tasks.core import catalog, lineage, manifest
+from tasks.core import catalog, lineage, manifest, runs
 from tasks.core.catalog import Stage
 from tasks.ml import student
 from tasks.stages.distill import export
@@ -63,10 +63,13 @@ def run(params: DistillParams, force: bool = False, progress: bool = False) -> m
 
 
 def _warm_start(params: DistillParams) -> manifest.Manifest | None:
-    """The distill run ``warm_start`` names (its latest), or None; a :class:`DistillError` when none is published."""
+    """The distill run ``warm_start`` names: the version served when it is the promoted run, else its latest;
+    None without one; a :class:`DistillError` when none is published."""
     if params.warm_start is None:
         return None
-    found = manifest.read(params.store, Stage.DISTILL, params.warm_start)
+    promoted = runs.promoted_model(params.store)
+    served = promoted is not None and promoted.key == params.warm_start
+    found = promoted if served else manifest.read(params.store, Stage.DISTILL, params.warm_start)
     if found is None:
         raise DistillError(f"{params.store}: no published distill run {params.warm_start!r} to warm-start from")
     return found
