@@ -74,10 +74,16 @@ class RecallTooLow(IndexBuildError):
     """A segment recalls less than ``min_recall``: nothing is published or promoted."""
 
 
+EXACT_MAX_ROWS = 100_000  # auto: an exact (flat) index up to this many vectors
+HNSW_MAX_ROWS = 5_000_000  # auto: HNSW up to this many (measured to reach recall 0.95 there: bench/scale.py)
+
+
 def choose_type(requested: str, rows: int) -> str:
+    """``requested``, or for ``auto``: exact search up to :data:`EXACT_MAX_ROWS`, HNSW up to
+    :data:`HNSW_MAX_ROWS`, IVF-PQ (its candidates re-ranked, by default on the full vectors) beyond."""
     if requested != "auto":
         return requested
-    return "flat" if rows <= 100_000 else "hnsw" if rows <= 1_000_000 else "ivf_pq"
+    return "flat" if rows <= EXACT_MAX_ROWS else "hnsw" if rows <= HNSW_MAX_ROWS else "ivf_pq"
 
 
 def factory_string(index_type: str, rows: int, dim: int, params: BuildIndexParams) -> str:

@@ -216,9 +216,9 @@ class BuildIndexParams(StageParams):
     pq_m: int = Field(16, gt=0, description="IVF-PQ sub-quantisers (must divide the dimension)")
     pq_bits: int = Field(8, ge=1, le=12, description="IVF-PQ bits per sub-quantiser code")
     refine: Literal["none", "sq8", "flat"] = Field(
-        "sq8",
-        description="IVF-PQ: re-rank the candidates on int8 scalar-quantised codes (sq8) or the full vectors "
-        "(flat), kept beside the PQ codes; none keeps PQ distances",
+        "flat",
+        description="IVF-PQ: re-rank the candidates on the full vectors (flat) or int8 scalar-quantised codes "
+        "(sq8), kept beside the PQ codes; none keeps PQ distances",
     )
     refine_k_factor: float = Field(16.0, ge=1, description="IVF-PQ re-rank: candidates re-scored, times k")
     min_recall: float = Field(
