@@ -1,4 +1,4 @@
-"""``python -m bench [NAME ...]``: run the benchmarks (all by default), then refresh README's table."""
+"""``python -m bench [NAME ...]``: run the benchmarks (all by default), then rewrite the docs' benchmark page."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def main(names: list[str]) -> None:
             f"{result['baseline']['value']:.4g}: ratio {result['ratio']}",
             flush=True,
         )
-    results.update_readme()
+    results.write_page()
 
 
 if __name__ == "__main__":

@@ -1,4 +1,9 @@
-"""The shared result format of every benchmark, and README's table generated from it."""
+"""The shared result format of every benchmark, and the docs' benchmark page generated from it.
+
+``python -m bench.results`` rewrites ``docs/benchmarks.md`` from ``bench/results/*.json`` without running anything;
+``python -m bench`` runs benchmarks and then rewrites it. Every figure on the page is read from a result file:
+the prose of :data:`ABOUT` names figures by their path in the JSON (``{details/index/bytes_ratio}``).
+"""
 
 from __future__ import annotations
 
@@ -6,13 +11,15 @@ import json
 import os
 import platform
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from bench import REPO
 
 RESULTS = Path(__file__).parent / "results"
-README = REPO / "README.md"
-START, END = "<!-- bench:start -->", "<!-- bench:end -->"
+PAGE = REPO / "docs" / "benchmarks.md"
+FIGURE = re.compile(r"\{([^{}]+)\}")
 
 
 def machine() -> dict:
@@ -45,27 +52,507 @@ def write(
     return result
 
 
+@dataclass(frozen=True)
+class Table:
+    """One row per entry of the dict (or list) at ``path``; one column per (header, sub-path) of an entry.
+
+    A list's rows are named by each item's ``row`` sub-path; an empty sub-path is the entry itself."""
+
+    path: str
+    label: str
+    columns: tuple[tuple[str, str], ...]
+    row: str = ""
+
+
+@dataclass(frozen=True)
+class About:
+    """What a benchmark compares, whether like-for-like (``yes: ...`` or ``no: ...``), and its notes and tables."""
+
+    title: str
+    compares: str
+    like_for_like: str
+    notes: tuple[str, ...] = ()
+    tables: tuple[Table, ...] = ()
+    minutes: int | None = None
+
+
+_STS = (("STS-B test", "STS-B test"), ("SICK-R test", "SICK-R test"))
+_SCORES = tuple((name, f"scores/{name}") for name in ("STS-B dev", "SICK-R dev", "STS-B test", "SICK-R test"))
+
+ABOUT = {
+    "bounded_retrain": About(
+        "Bounded retrain: warm start against the base model",
+        "A retrain on a bounded set (the new day, then older days drawn at random while they fit in "
+        "`max_train_rows`) warm-started from the promoted student, against the same retrain from the base model; "
+        "STS-B test, Spearman ×100.",
+        "yes: the same data, steps, batch and seed",
+        (
+            "{details/steps/retrain} steps of 64 on at most {details/max_train_rows} rows. The warm start scores as "
+            "the base model does, so it stays the default for the continuity it gives; at that budget neither reaches "
+            "the same-size baseline on STS-B. The run took {details/wall_seconds} s.",
+        ),
+        (Table("details/table", "model", _STS),),
+    ),
+    "distill_init": About(
+        "Head initialisation",
+        "The student's validation cosine to its targets before any training step, for each initialisation of the "
+        "Dense head (`hpd distill --init`): `ridge` (the default), `pca` and `random` (HPD's).",
+        "yes: the same student, data and targets; only the head's initialisation differs",
+        ("Ridge is the default because it measured best by far, for both student depths.",),
+        (Table("details/by_init", "student and head", (("validation cosine", "val_cosine"), ("val MSE", "val_mse"))),),
+    ),
+    "distill_quality": About(
+        "Distillation quality on CPU",
+        "The distilled 128-d students (HPD recipe, 6 and 3 layers) against the same architecture without "
+        "distillation, its 384-d embeddings reduced to 128-d by a PCA (the same-size baseline), on STS-B and SICK-R "
+        "(Spearman ×100 of cosine similarity). The dev sets choose, the test sets report.",
+        "yes: the same architecture and output size; the baseline is the student's base model, undistilled",
+        (
+            "{details/sentences} corpus sentences plus a quarter of WordNet variants, bf16 throughout, "
+            "{details/threads} threads. The recipe: targets from two teachers (`all-mpnet-base-v2+all-MiniLM-L6-v2`, "
+            "each L2-normalised, concatenated, PCA-128), length-grouped batches of 64, lr 1e-4, warm-up 5 %, a ridge "
+            "head, the weights of the best mean STS-B dev / SICK-R dev score or a blend of the initial and final "
+            "weights (0.25, 0.5, 0.75) that scores better: {details/recipe_train_minutes} minutes of training for both "
+            "students.",
+            "Against its same-size baseline, the 6-layer student gains "
+            "{details/gaps_vs_same_size/MiniLM-L6/STS-B test} points on STS-B test and "
+            "{details/gaps_vs_same_size/MiniLM-L6/SICK-R test} on SICK-R test; the 3-layer one "
+            "{details/gaps_vs_same_size/MiniLM-L3/STS-B test} and {details/gaps_vs_same_size/MiniLM-L3/SICK-R test}. "
+            "One seed was run: the run-to-run spread is not measured.",
+            "The levers below change one thing each from the reference, on the 6-layer student "
+            "({details/lever_steps} steps of 64). What helped: targets from two teachers (the student starts much "
+            "closer to them), length-grouped batches (more sentences per second at the same quality), and, in the "
+            "recipe's run, blending the initial and final weights. A lower learning rate and the cosine term stay "
+            "within noise. The winners are the defaults of `hpd distill` and `hpd_retrain` where they do not depend "
+            "on the budget.",
+        ),
+        (
+            Table(
+                "details/table",
+                "model",
+                tuple((name, name) for name in ("STS-B test", "SICK-R test", "STS-B dev", "SICK-R dev")),
+            ),
+            Table(
+                "details/levers",
+                "lever (6 layers)",
+                (
+                    ("sentences/s", "sentences_per_s"),
+                    ("best step", "best_step"),
+                    ("val cosine at start", "val_cosine/initial"),
+                    ("exported", "val_cosine/exported"),
+                    *_SCORES,
+                ),
+            ),
+        ),
+        44,
+    ),
+    "distill_train": About(
+        "Training throughput: the stage against sentence-transformers' trainer",
+        "The distill stage's training (its own batch order, loss, evaluation and checkpoint hooks, through "
+        "`SentenceTransformerTrainer`) against the plain sentence-transformers trainer with `MSELoss`: MiniLM-L6 + "
+        "Dense(128, tanh), the same batches in the same order, batch {details/batch}, max length "
+        "{details/max_seq_length}, {details/threads} threads, fp32 on both sides, {details/rounds} rounds interleaved.",
+        "yes for the headline: the same batches, dtype, threads and steps",
+        (
+            "The stage's hooks cost nothing measurable. Not like-for-like: the stage's default length-grouped order "
+            "trains {details/length_grouped_fp32_vs_trainer_fp32/ours_per_s} sentences/s, "
+            "{details/length_grouped_fp32_vs_trainer_fp32/ratio_of_medians}× the trainer's rows in order (the same "
+            "dtype, batch, threads and steps, but other batches: sentence-transformers has no length-grouping "
+            "sampler).",
+        ),
+    ),
+    "index": About(
+        "Index size and speed: the student against the teacher",
+        "FAISS flat inner-product indexes over {details/rows} corpus sentences: the student's 128-d embeddings "
+        "against the teacher's 768-d ones; queries/s at batch 64.",
+        "no, on purpose: two models of different dimensions over the same rows and queries, the difference HPD buys",
+        (
+            "The student's index is {details/bytes_ratio}× smaller (D/k) and answers {details/qps_ratio_batch64}× "
+            "more queries/s at batch 64 ({details/qps_ratio_batch1}× at batch 1); the paper reports "
+            "{details/paper_1024_to_128/memory}× memory and {details/paper_1024_to_128/speed}× speed for 1024 → 128. "
+            "The student's 10 nearest neighbours overlap the teacher's exact ones at "
+            "{details/recall_at_10_student_vs_teacher_exact} (recall@10).",
+        ),
+        (
+            Table(
+                "details/by_index",
+                "index",
+                (
+                    ("dim", "dim"),
+                    ("bytes", "bytes"),
+                    ("queries/s, batch 1", "queries_per_s_batch1"),
+                    ("queries/s, batch 64", "queries_per_s_batch64"),
+                ),
+            ),
+        ),
+    ),
+    "pca_fit": About(
+        "Streaming PCA against scikit-learn",
+        "The PCA stage's streaming fit (accumulating the mean and XᵀX over Parquet shards, then the "
+        "eigendecomposition) against scikit-learn's `PCA(128).fit` on every row read into memory, over the same "
+        "shards of {details/dim}-d embeddings; peak memory at {details/rows_of_headline} rows.",
+        "yes: the same shards, rows and k, both reading the shards; both find the same explained variance",
+        (
+            "Synthetic correlated embeddings; each fit in a fresh process, shard reading included. The streaming "
+            "fit's peak grows by {details/ours_peak_growth_mb_20k_to_200k} MB from 20k to 200k rows: its state is "
+            "O(D²) whatever the row count.",
+        ),
+        (
+            Table(
+                "details/by_rows",
+                "rows",
+                (
+                    ("ours, s", "ours/seconds"),
+                    ("ours, peak MB", "ours/peak_mb"),
+                    ("scikit-learn, s", "sklearn/seconds"),
+                    ("scikit-learn, peak MB", "sklearn/peak_mb"),
+                    ("explained variance, ours", "ours/explained_variance_ratio_sum"),
+                    ("scikit-learn", "sklearn/explained_variance_ratio_sum"),
+                ),
+            ),
+        ),
+    ),
+    "pipeline_overhead": About(
+        "Orchestration overhead",
+        "The wall time of the demo's four DAG runs through `airflow dags test` ({details/sample_rows} sentences, "
+        "{details/epochs} epoch) against the sum of the stages' own compute time (each manifest's "
+        "`timings_s.total`); the ratio is compute / wall, so 1.0 would be no overhead.",
+        "not two tools: the same runs, measured two ways",
+        (
+            "The other {details/overhead_seconds} s ({details/overhead_percent} %) are process start-up, imports, DAG "
+            "parsing and task bookkeeping. Rerunning the finished chain, where every stage skips, shows the fixed "
+            "cost of the four `airflow dags test` runs.",
+        ),
+        (
+            Table("details/dag_wall_seconds", "DAG", (("wall s, first run", ""),)),
+            Table("details/rerun_all_skipped_wall_seconds", "DAG", (("wall s, rerun (all skipped)", ""),)),
+            Table("details/stages", "stage", (("runs", "runs"), ("compute s", "seconds"))),
+        ),
+    ),
+    "scale": About(
+        "Scale: 100k, 1M and 5M sentences",
+        "Staging, publishing teacher embeddings (synthetic 768-d ones through the real encode-teacher stage, the "
+        "model swapped), the streaming PCA and the index (build-index's `auto` choice and search tuning) over "
+        "distinct sentences derived from the vendored corpus, each stage in its own process; the headline is "
+        "staging + PCA sentences/s at the largest size against the smallest (1: linear).",
+        "no: every size ran in one run while the test suite ran beside it, so per-row times compare only roughly",
+        (
+            "Per row at the largest size against the smallest: staging {details/scaling/stage/seconds_per_row_ratio}×, "
+            "PCA {details/scaling/pca/seconds_per_row_ratio}×, publishing "
+            "{details/scaling/teacher_publish/seconds_per_row_ratio}×. Memory stays flat where the stage streams; the "
+            "index holds its vectors.",
+            "The IVF-PQ index's recall at 10 is bounded by its re-rank's candidates, not by the lists searched: "
+            "raising it needs finer codes or more re-ranked candidates (`--pq-m`, `--refine-k-factor`, "
+            "`--refine flat`), not measured at that size yet.",
+            "Teacher encoding at these sizes belongs to the GPU workers: the packaged teacher in fp32 on this "
+            "machine's cores took {details/teacher_encode/corpus/ms_per_sentence} ms a corpus sentence and "
+            "{details/teacher_encode/derived/ms_per_sentence} ms a derived (longer) one, about "
+            "{details/teacher_encode/projected/1000000/cpu_hours} CPU-hours for 1M sentences.",
+        ),
+        (
+            Table(
+                "details/by_size",
+                "sentences",
+                (
+                    ("staging s", "stage/seconds"),
+                    ("staging peak MB", "stage/peak_mb"),
+                    ("publish s", "teacher_publish/seconds"),
+                    ("publish peak MB", "teacher_publish/peak_mb"),
+                    ("PCA s", "pca/seconds"),
+                    ("PCA peak MB", "pca/peak_mb"),
+                    ("index", "index/factory"),
+                    ("build s", "index/build_s"),
+                    ("recall@10", "index/recall_at_10"),
+                    ("search p50 ms", "index/search_p50_ms_1thread"),
+                ),
+            ),
+        ),
+        80,
+    ),
+    "serve": About(
+        "Search service latency",
+        "`hpd serve` with the demo's student over synthetic 100k (exact flat) and 1M (HNSW) indexes, one service per "
+        "query encoder (the student's ONNX int8 graph; PyTorch fp32), warm, one client at a time through httpx and "
+        "through the standard library's `http.client` (a lean client). The headline: p50 of one query at 1M against "
+        "one search without a service (load the student and the index, then answer).",
+        "no: the baseline loads the model and the index for its one search, which is what a service saves",
+        (
+            "The graph alone encodes the same queries one at a time in {details/encode_only_ms/p50} ms p50, before any "
+            "HTTP or search; PyTorch answers {details/single_query_p50_torch_over_onnx}× slower at 1M. "
+            "{details/concurrency} clients for {details/duration_s} s with a promotion halfway: the errors column "
+            "counts failed requests, and the last column how long the new index took to answer after the pointer "
+            "moved ({details/poll_s} s poll).",
+        ),
+        (
+            Table(
+                "details/sizes",
+                "vectors",
+                (
+                    ("index", "index"),
+                    ("ONNX int8 p50 ms", "onnx-int8/single_client_ms/p50"),
+                    ("lean client", "onnx-int8/single_lean_client_ms/p50"),
+                    ("PyTorch p50 ms", "torch/single_client_ms/p50"),
+                    ("lean client", "torch/single_lean_client_ms/p50"),
+                    ("ONNX int8, 4 clients, requests/s", "onnx-int8/requests_per_s"),
+                    ("errors", "onnx-int8/errors"),
+                    ("new index answers after, s", "onnx-int8/seconds_from_promotion_to_first_answer_of_new_index"),
+                ),
+                row="vectors",
+            ),
+        ),
+        7,
+    ),
+    "stage_corpus": About(
+        "Corpus staging against pandas",
+        "`hpd stage-corpus` (polars in batches, ids hashed in a helper process) against pandas `read_csv` + "
+        "normalise + `drop_duplicates` + `to_parquet` on the corpus ten times over, best of interleaved runs; peak "
+        "memory each in a fresh process; de-duplication against partitions already staged.",
+        "no: pandas normalises and de-duplicates too, but computes no ids, checks no contract, fingerprints no input "
+        "and writes no manifest, shards or staged-id index",
+        (
+            "On the 88k corpus alone the ratio is {details/throughput/corpus/ratio}×, where fixed costs weigh. "
+            "De-duplication costs follow the ids staged, not the partitions holding them (the table's last rows).",
+        ),
+        (
+            Table(
+                "details/peak_rss/ours",
+                "source",
+                (("rows", "rows"), ("peak MB, ours", "peak_mb")),
+            ),
+            Table("details/peak_rss/pandas", "source", (("rows", "rows"), ("peak MB, pandas", "peak_mb"))),
+            Table(
+                "details/dedup",
+                "store before",
+                (
+                    ("prior partitions", "prior_partitions"),
+                    ("staged ids", "prior_rows"),
+                    ("seconds", "ours_seconds"),
+                    ("previous staging, s", "previous_seconds"),
+                ),
+            ),
+        ),
+        7,
+    ),
+    "steady_state": About(
+        "Day after day: the retrain policy against a retrain per partition",
+        "{details/days} days of {details/day_rows} new corpus sentences a day through the stage functions with the "
+        "packaged models, one training epoch per retrain: the retrain policy with the incremental index against a "
+        "retrain and a full index rebuild per partition; compute seconds over all days.",
+        "yes: the same arrivals, models and training settings",
+        (
+            "The policy retrained {details/retrains/policy} times against {details/retrains/per_partition}. A day "
+            "without a retrain cost {details/daily_cost_without_retrain/day_2_s} s on day 2 and "
+            "{details/daily_cost_without_retrain/day_30_s} s on day 30. Each day's sentences were searchable "
+            "{details/freshness_s/policy/min} to {details/freshness_s/policy/max} s after staging began (median "
+            "{details/freshness_s/policy/median} s), against a median of {details/freshness_s/per_partition/median} s "
+            "and up to {details/freshness_s/per_partition/max} s with a retrain per partition. The plot of every day "
+            "is `bench/results/steady_state.svg`.",
+        ),
+        minutes=30,
+    ),
+    "student_throughput": About(
+        "The students' encode throughput against the teacher",
+        "Encode throughput of the distillation benchmark's recipe students (6 and 3 layers) and their exports "
+        "against the teacher all-mpnet-base-v2, with their STS beside it: batch {details/batch} over the first "
+        "{details/sentences} corpus sentences, tokenisation included, {details/threads} threads, {details/rounds} "
+        "interleaved rounds (medians). The headline pairs the 6-layer student with the teacher, both in bf16.",
+        "yes for the headline (both bf16, the same sentences, batch and threads); the other rows compare dtypes and "
+        "exports",
+        (
+            "Which export pays depends on the CPU. Here the 6-layer student's ONNX int8 graph ran at "
+            "{details/exports/MiniLM-L6/onnx int8/speed_ratio_vs_fp32}× PyTorch fp32's sentences/s and "
+            "{details/exports/MiniLM-L6/onnx int8/speed_ratio_vs_fastest_float}× the bf16 student's; PyTorch's "
+            "dynamic int8 moved STS-B test by {details/exports/MiniLM-L6/int8/delta_vs_fp32/STS-B test} points.",
+        ),
+        (
+            Table(
+                "details/table",
+                "variant",
+                (
+                    ("sentences/s", "sentences_per_s"),
+                    *_STS,
+                    ("bytes per index vector", "index_bytes_per_vector"),
+                ),
+            ),
+        ),
+    ),
+    "teacher_encode": About(
+        "Teacher encoding against sentence-transformers",
+        "The encode-teacher stage's encoder against sentence-transformers' `encode` on {details/sentences} corpus "
+        "sentences, batch {details/batch}, {details/threads} threads on both sides, {details/rounds} rounds "
+        "interleaved, bf16 autocast on both sides (both at a cosine of at least "
+        "{details/min_cosine_to_st_fp32/ours_bf16} to the fp32 output).",
+        "yes for the headline (bf16 against bf16)",
+        (
+            "fp32 against fp32: {details/fp32_vs_fp32/ratio_of_medians}×. Not like-for-like: the stage's bf16 "
+            "against sentence-transformers' fp32 default is "
+            "{details/not_like_for_like_ours_bf16_vs_st_fp32/ratio_of_medians}×.",
+        ),
+    ),
+    "verify_overhead": About(
+        "What verified reads cost",
+        "Reading Parquet shards while checking each against the sha256 its manifest records, against the same reads "
+        "unchecked (sentences and 768-d teacher-like shards); then whole stages, verified against unverified.",
+        "yes: the same shards and reads, page cache warm",
+        (
+            "Raw reads, verified against unverified: sentences {details/read_ratio_by_kind/sentences}×, teacher "
+            "embeddings {details/read_ratio_by_kind/teacher_embeddings}× (hashed on a second thread while Arrow "
+            "parses). Within whole stages the reads' verification stays within the 5 % the store aims for.",
+        ),
+        (
+            Table(
+                "details/stages_summary",
+                "stage",
+                (
+                    ("rows/s verified", "verified/rows_per_s"),
+                    ("unverified", "unverified/rows_per_s"),
+                    ("ratio", "ratio"),
+                    ("paired median ratio", "ratio_paired_median"),
+                    ("verification's share", "verification_share"),
+                ),
+            ),
+        ),
+    ),
+}
+
+INTRO = """\
+Each benchmark compares a stage with what a user would otherwise use, in one run, and writes
+`bench/results/<name>.json`. This page is generated from those files by `bench/results.py`
+(`python -m bench.results` rewrites it; `python -m bench <name>` reruns a benchmark, then rewrites it), and a test
+fails when a figure here differs from its file. A ratio above 1 means ours is ahead. The benchmarks ran on
+different machines, each named with its figures: compare figures within one benchmark only."""
+
+GPU = """\
+`bench/gpu_distill.sh` runs the full recipe on CUDA through the pipeline's own stages (`--quick` for a check under
+ten minutes, `--smoke` for the same plumbing on the CPU) and writes `bench/results/gpu_distill.json`. It has not run
+on a GPU yet, so this page has no GPU figures."""
+
+
 def _number(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
-def table() -> str:
-    """README's performance table, one row per result file."""
-    rows = ["| benchmark | ours | baseline | ratio (>1: ours ahead) | machine |", "|---|---|---|---|---|"]
-    for path in sorted(RESULTS.glob("*.json")):
-        r = json.loads(path.read_text())
+def _text(value: Any) -> str:
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int | float):
+        return _number(value)
+    return str(value).replace("|", "\\|")
+
+
+def _at(node: Any, path: str) -> Any:
+    for part in filter(None, path.split("/")):
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    return node
+
+
+def _fill(text: str, result: dict) -> str:
+    """``text`` with each ``{path}`` replaced by the figure at that path of ``result``."""
+
+    def figure(match: re.Match[str]) -> str:
+        try:
+            return _text(_at(result, match.group(1)))
+        except (KeyError, IndexError, TypeError, ValueError):
+            raise KeyError(f"{result['benchmark']}: no figure at {match.group(1)!r}") from None
+
+    return FIGURE.sub(figure, text)
+
+
+def _cell(entry: Any, path: str) -> str:
+    try:
+        return _text(_at(entry, path))
+    except (KeyError, IndexError, TypeError):
+        return "–"
+
+
+def _table(result: dict, table: Table) -> str:
+    data = _at(result, table.path)
+    rows = data.items() if isinstance(data, dict) else [(_text(_at(item, table.row)), item) for item in data]
+    lines = [
+        "| " + " | ".join([table.label, *(header for header, _ in table.columns)]) + " |",
+        "|---" * (len(table.columns) + 1) + "|",
+    ]
+    for name, entry in rows:
+        label = _number(int(name)) if isinstance(name, str) and name.isdigit() else _text(name)
+        lines.append("| " + " | ".join([label, *(_cell(entry, path) for _, path in table.columns)]) + " |")
+    return "\n".join(lines)
+
+
+def _machine(result: dict) -> str:
+    m = result["machine"]
+    return f"{m['cores']} cores, {m['cpu_model']}"
+
+
+def _about(result: dict) -> About:
+    name = result["benchmark"]
+    return ABOUT.get(name) or About(name, result["baseline"]["name"], "not stated")
+
+
+def _headline(result: dict) -> str:
+    unit = result["unit"]
+    return (
+        f"ours {_number(result['ours'])} {unit}; {_fill(result['baseline']['name'], result)}: "
+        f"{_number(result['baseline']['value'])} {unit}; ratio {result['ratio']:.2f}×"
+    )
+
+
+def _section(result: dict) -> str:
+    about, name = _about(result), result["benchmark"]
+    verdict, _, why = about.like_for_like.partition(": ")
+    like = f"**Like-for-like:** {about.like_for_like}" if verdict.startswith("yes") else f"**Not like-for-like:** {why}"
+    minutes = f" (about {about.minutes} minutes)" if about.minutes else ""
+    m = result["machine"]
+    parts = [
+        f"## {about.title} {{#{name}}}",
+        f"**What it compares.** {_fill(about.compares, result)}",
+        f"**Headline.** {_headline(result)}.",
+        _fill(like, result),
+        f"**Machine:** {_machine(result)}, Python {m['python']}.",
+        f"**Rerun:** `python -m bench {name}`{minutes}.",
+        *(_fill(note, result) for note in about.notes),
+        *(_table(result, table) for table in about.tables),
+    ]
+    return "\n\n".join(parts)
+
+
+def load(results: Path = RESULTS) -> list[dict]:
+    """Every result file, by name."""
+    return [json.loads(path.read_text()) for path in sorted(results.glob("*.json"))]
+
+
+def summary(loaded: list[dict]) -> str:
+    """One row per benchmark: its headline figures, whether like-for-like, and its machine."""
+    rows = ["| benchmark | ours | baseline | ratio | like-for-like | machine |", "|---|---|---|---|---|---|"]
+    for r in loaded:
+        like = "yes" if _about(r).like_for_like.startswith("yes") else "**no**"
         rows.append(
-            f"| `{r['benchmark']}` | {_number(r['ours'])} {r['unit']} | {r['baseline']['name']}: "
-            f"{_number(r['baseline']['value'])} {r['unit']} | {r['ratio']:.2f}× | "
-            f"{r['machine']['cores']} cores, {r['machine']['cpu_model']} |"
+            f"| [{_about(r).title}](#{r['benchmark']}) | {_number(r['ours'])} {r['unit']} | "
+            f"{_number(r['baseline']['value'])} {r['unit']} | {r['ratio']:.2f}× | {like} | {_machine(r)} |"
         )
     return "\n".join(rows)
 
 
-def update_readme() -> None:
-    text = README.read_text()
-    if START not in text or END not in text:
-        raise SystemExit(f"{README}: no {START} ... {END} block to fill")
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    README.write_text(f"{head}{START}\n{table()}\n{END}{tail}")
+def page(results: Path = RESULTS) -> str:
+    """The docs' benchmark page, from the result files under ``results``."""
+    loaded = load(results)
+    parts = [
+        "<!-- Generated by bench/results.py from bench/results/*.json; do not edit by hand. -->",
+        "# Benchmarks",
+        INTRO,
+        summary(loaded),
+        *(_section(r) for r in loaded),
+    ]
+    if not (results / "gpu_distill.json").exists():
+        parts.insert(4, GPU)
+    return "\n\n".join(parts) + "\n"
+
+
+def write_page() -> None:
+    """Rewrite ``docs/benchmarks.md`` from the result files."""
+    PAGE.write_text(page())
+
+
+if __name__ == "__main__":
+    write_page()
