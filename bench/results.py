@@ -241,9 +241,9 @@ ABOUT = {
             "PCA {details/scaling/pca/seconds_per_row_ratio}×, publishing "
             "{details/scaling/teacher_publish/seconds_per_row_ratio}×. Memory stays flat where the stage streams; the "
             "index holds its vectors.",
-            "The IVF-PQ index's recall at 10 is bounded by its re-rank's candidates, not by the lists searched: "
-            "raising it needs finer codes or more re-ranked candidates (`--pq-m`, `--refine-k-factor`, "
-            "`--refine flat`), not measured at that size yet.",
+            "At 5M this run's `auto` chose IVF-PQ with its candidates re-ranked on int8 codes, whose recall at 10 "
+            "the re-rank's candidates bounded, not the lists searched. `auto` has since kept HNSW up to 5M vectors "
+            "and re-ranks IVF-PQ on the full vectors by default; neither is measured at that size yet.",
             "Teacher encoding at these sizes belongs to the GPU workers: the packaged teacher in fp32 on this "
             "machine's cores took {details/teacher_encode/corpus/ms_per_sentence} ms a corpus sentence and "
             "{details/teacher_encode/derived/ms_per_sentence} ms a derived (longer) one, about "
