@@ -1,16 +1,20 @@
 """Static checks of infra/: Helm values, the GPU pod template and the bucket's Terraform."""
 
 import re
+import tomllib
 
 import yaml
 
 from tests.support.paths import INFRA
+
+VERSION = tomllib.loads((INFRA.parent / "pyproject.toml").read_text())["project"]["version"]
 
 
 def test_helm_values_use_the_kubernetes_executor_and_remote_logs():
     values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
     assert values["executor"].split(",")[0] == "KubernetesExecutor"  # the default executor: the first listed
     assert values["airflowVersion"] == "3.3.2"
+    assert (values["defaultAirflowRepository"], values["defaultAirflowTag"]) == ("hpd-pipeline/airflow", VERSION)
     logging = values["config"]["logging"]
     assert logging["remote_logging"] == "True" and logging["remote_base_log_folder"].startswith("s3://")
     env = {item["name"]: item["value"] for item in values["env"]}
@@ -42,7 +46,7 @@ def test_gpu_pod_template_runs_the_gpu_worker_on_a_gpu_node():
     assert pod["kind"] == "Pod"
     (container,) = pod["spec"]["containers"]
     assert container["name"] == "base"  # the KubernetesExecutor runs the task in the container named base
-    assert container["image"].endswith("worker-gpu:latest")
+    assert container["image"] == f"hpd-pipeline/worker-gpu:{VERSION}"
     assert pod["spec"]["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
     env = {item["name"]: item["value"] for item in values["env"]}
@@ -90,7 +94,8 @@ def test_search_service_runs_hpd_serve_on_the_pipeline_store():
     deployment, service = yaml.safe_load_all((INFRA / "k8s" / "search.yaml").read_text())
     assert (deployment["kind"], service["kind"]) == ("Deployment", "Service")
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    assert container["command"][0] == "hpd"
+    assert container["command"][0] == "hpd"  # `command` replaces the image's entrypoint (`airflow ...`)
+    assert container["image"] == f"hpd-pipeline/airflow:{VERSION}"
     args = cli.build_parser().parse_args(container["command"][1:])
     assert args.command == "serve" and args.host == "0.0.0.0"
     (port,) = container["ports"]
@@ -119,3 +124,12 @@ def test_every_deployment_enables_the_stage_tasks_lineage_extractor():
     assert values["config"]["openlineage"]["extractors"] == EXTRACTOR
     compose = yaml.safe_load((INFRA.parent / "docker" / "compose.yaml").read_text())
     assert compose["x-airflow"]["environment"]["AIRFLOW__OPENLINEAGE__EXTRACTORS"] == EXTRACTOR
+
+
+def test_the_signing_secrets_come_from_secrets_created_beforehand():
+    """The chart would generate the Fernet key, the api-server's key and the JWT secret itself; named Secrets keep
+    them stable across upgrades and shared by every component."""
+    values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
+    names = [values[key] for key in ("fernetKeySecretName", "apiSecretKeySecretName", "jwtSecretName")]
+    assert all(name.startswith("hpd-airflow-") for name in names) and len(set(names)) == 3
+    assert not {key for key in ("fernetKey", "apiSecretKey", "jwtSecret") if values.get(key)}
