@@ -6,22 +6,24 @@ Airflow ``Param`` or a test) into it, or raises :class:`ConfigError` listing eve
 
 from __future__ import annotations
 
-import os
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tasks.core.settings import Settings, SettingsError, current
 from tasks.core.uris import StorageError, redact, store_root, to_uri
 
-DEFAULT_STORE = "var/store"
+DEFAULT_STORE: str = Settings.model_fields["store"].default
 
 
 def default_store() -> str:
     """The store root: ``HPD_STORE`` or the embedded ``file://`` folder ``./var/store``."""
     try:
-        return store_root(to_uri(os.environ.get("HPD_STORE", DEFAULT_STORE)))
+        return store_root(to_uri(current().store))
     except StorageError as exc:
         raise ConfigError(f"HPD_STORE: {exc}") from None
+    except SettingsError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 class ConfigError(ValueError):

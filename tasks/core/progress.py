@@ -18,31 +18,23 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
 from dataclasses import KW_ONLY, dataclass, field
 from types import TracebackType
 from typing import Any
 
-EVERY_S_ENV = "HPD_LOG_EVERY_S"
-DEFAULT_EVERY_S = 30.0
+from tasks.core import settings
+
+EVERY_S_ENV = settings.env_name("log_every_s")
 
 log = logging.getLogger(__name__)
 
 
 def default_every_s() -> float:
-    """Seconds between progress lines: ``$HPD_LOG_EVERY_S`` (a number >= 0), else 30."""
-    raw = os.environ.get(EVERY_S_ENV)
-    if raw is None:
-        return DEFAULT_EVERY_S
-    try:
-        seconds = float(raw)
-    except ValueError:
-        seconds = math.nan
-    if not seconds >= 0:  # also refuses nan
-        raise ValueError(f"{EVERY_S_ENV}={raw!r}: expected a number of seconds >= 0")
-    return seconds
+    """Seconds between progress lines: ``$HPD_LOG_EVERY_S`` (a number >= 0), else 30; a wrong value raises
+    :class:`~tasks.core.settings.SettingsError` (a ValueError)."""
+    return settings.current().log_every_s
 
 
 def format_duration(seconds: float) -> str:

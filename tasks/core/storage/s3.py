@@ -32,6 +32,7 @@ from botocore.exceptions import (
     NoCredentialsError,
 )
 
+from tasks.core.settings import current as current_settings
 from tasks.core.storage.objects import (
     CHUNK,
     MIB,
@@ -69,9 +70,10 @@ _clients_lock = threading.Lock()
 
 
 def _settings() -> tuple[str | None, ...]:
-    conn_id = os.environ.get("HPD_AWS_CONN_ID") or None
+    hpd = current_settings()
+    conn_id = hpd.aws_conn_id
     names = _AWS_ENV + ((f"AIRFLOW_CONN_{conn_id.upper()}",) if conn_id else ())
-    return (conn_id, os.environ.get("HPD_S3_MAX_ATTEMPTS"), *(os.environ.get(n) for n in names))
+    return (conn_id, str(max(hpd.s3_max_attempts, 1)), *(os.environ.get(n) for n in names))
 
 
 def s3_client() -> Any:
@@ -79,7 +81,7 @@ def s3_client() -> Any:
     settings = _settings()
     with _clients_lock:
         if settings not in _clients:
-            conn_id, attempts = settings[0], int(settings[1] or 8)
+            conn_id, attempts = settings[0], int(settings[1] or 1)
             config = Config(retries={"mode": "standard", "total_max_attempts": attempts})
             if conn_id:
                 from airflow.providers.amazon.aws.hooks.s3 import S3Hook
@@ -109,10 +111,6 @@ def _object(uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-def _int_env(name: str, default: int) -> int:
-    return int(os.environ.get(name) or default)
-
-
 def _error_code(exc: ClientError) -> str:
     return str(exc.response.get("Error", {}).get("Code", ""))
 
@@ -139,7 +137,7 @@ def failure(uri: str, exc: Exception) -> StorageError:
 
 
 def attempts() -> int:
-    return max(_int_env("HPD_S3_MAX_ATTEMPTS", 8), 1)
+    return max(current_settings().s3_max_attempts, 1)
 
 
 def pause(seconds: float) -> None:
@@ -186,9 +184,10 @@ class S3Backend:
         return read_whole(uri, None)
 
     def write_bytes(self, uri: str, data: Data | BinaryIO) -> ObjectInfo:
-        part_size = max(_int_env("HPD_S3_PART_SIZE", 8 * MIB), 5 * MIB)
+        hpd = current_settings()
+        part_size = max(hpd.s3_part_size, 5 * MIB)
         if isinstance(data, bytes | bytearray | memoryview):
-            if len(data) <= _int_env("HPD_S3_MULTIPART_THRESHOLD", 64 * MIB):
+            if len(data) <= hpd.s3_multipart_threshold:
                 return self._put(uri, data)
             return _multipart(uri, chunks(data, part_size))
         parts = chunks(data, part_size)

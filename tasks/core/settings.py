@@ -1,0 +1,188 @@
+"""Every ``HPD_*`` environment variable the pipeline reads, in one typed model.
+
+Code reads them through :func:`current` (the environment as it is now: tests and runs change it), never
+``os.environ`` directly; ``docs/reference/configuration.md`` is generated from this model (``python -m
+tasks.reference``). An empty variable counts as unset, except ``HPD_SERVE_URL``, where it turns the service off.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+PREFIX = "HPD_"
+MIB = 1024 * 1024
+_CACHE = "~/.cache/hpd-pipeline"
+_KEEPS_EMPTY = frozenset({"serve_url"})
+
+STORE, S3, FILES, DAGS, WORKERS, ALERTS, SERVICE = (
+    "Store",
+    "S3 client",
+    "Models, data and logs",
+    "DAG defaults",
+    "Workers and executors",
+    "Alerts",
+    "Search service",
+)
+
+
+class SettingsError(ValueError):
+    """``HPD_*`` variables that fail validation; the message names each wrong one. A permanent error."""
+
+
+def _var(default: Any = None, *, section: str, description: str, shown: str | None = None, **kw: Any) -> Any:
+    """A setting: its default, the docs' section and description, and how the docs show a computed default."""
+    extra: dict[str, Any] = {"section": section, **({"shown": shown} if shown else {})}
+    if "default_factory" in kw:
+        return Field(description=description, json_schema_extra=extra, **kw)
+    return Field(default, description=description, json_schema_extra=extra, **kw)
+
+
+class Settings(BaseModel):
+    """The deployment's settings; field ``name`` is the variable ``HPD_NAME``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    store: str = _var(
+        "var/store",
+        section=STORE,
+        description="root of the object store: a folder, file:// or s3://bucket/prefix URI; the default of every "
+        "command's --store and every DAG's store param",
+    )
+    aws_conn_id: str | None = _var(
+        section=S3,
+        description="Airflow connection whose credentials and endpoint the S3 client uses; unset: boto3's own chain "
+        "(AWS_* variables, profile, instance role)",
+    )
+    s3_max_attempts: int = _var(8, section=S3, description="attempts per S3 request in all (at least 1)")
+    s3_multipart_threshold: int = _var(
+        64 * MIB, section=S3, description="bytes above which an upload goes up in parts", shown="67108864 (64 MiB)"
+    )
+    s3_part_size: int = _var(
+        8 * MIB,
+        section=S3,
+        description="bytes per part of a multipart upload (at least 5 MiB)",
+        shown="8388608 (8 MiB)",
+    )
+    model_cache: Path = _var(
+        default_factory=lambda: Path.home() / ".cache" / "hpd-pipeline" / "models",
+        section=FILES,
+        description="where the packaged teacher and student models are unpacked",
+        shown=f"{_CACHE}/models",
+    )
+    nltk_data: Path | None = _var(
+        section=FILES,
+        description=f"the WordNet data of the augment stage; unset: the first NLTK_DATA entry, else {_CACHE}/nltk_data",
+    )
+    log_every_s: float = _var(30.0, section=FILES, description="seconds between a stage's progress lines", ge=0)
+    default_source: str = _var(
+        "data/corpus/sentences.tsv.gz",
+        section=DAGS,
+        description="hpd_ingest's source param: the raw file of each day ({ingest_date} is replaced)",
+    )
+    default_teacher: str = _var(
+        "all-mpnet-base-v2+all-MiniLM-L6-v2",
+        section=DAGS,
+        description="the teacher param: a model name, path or URI; a + joins a composite teacher",
+    )
+    default_student: str = _var("all-MiniLM-L6-v2", section=DAGS, description="hpd_retrain's student param")
+    default_k: int = _var(128, section=DAGS, description="the projection's dimension (the k param)", ge=1)
+    default_min_stsb: float | None = _var(
+        section=DAGS, description="hpd_retrain's gate threshold min_stsb; unset: the validate stage's default"
+    )
+    default_min_sickr: float | None = _var(
+        section=DAGS, description="hpd_retrain's gate threshold min_sickr; unset: the validate stage's default"
+    )
+    default_max_regression: float | None = _var(
+        section=DAGS, description="hpd_retrain's gate threshold max_regression; unset: the validate stage's default"
+    )
+    gpu_queue: str = _var("default", section=WORKERS, description="the Celery queue the distill task is sent to")
+    distill_executor: str | None = _var(
+        section=WORKERS,
+        description="the executor of the distill task where several are configured (e.g. CeleryExecutor); it must be "
+        "one of them, else the DAG fails to import; unset: the default executor",
+    )
+    gpu_count: int = _var(1, section=WORKERS, description="GPUs the distill pod asks for (KubernetesExecutor)", ge=0)
+    gpu_pod_template: str | None = _var(
+        section=WORKERS, description="pod template file of the distill pod (KubernetesExecutor): image, node selector"
+    )
+    encode_pool: str = _var(
+        "hpd_teacher_encode",
+        section=WORKERS,
+        description="the Airflow pool of the teacher-encoding tasks; the deployment creates it",
+    )
+    encode_pool_slots: int = _var(
+        4, section=WORKERS, description="the pool's slots: teacher encodings running at once", ge=1
+    )
+    alert_email: list[str] = _var(
+        [], section=ALERTS, description="failure alert recipients, comma-separated; unset: no alerts", shown="(none)"
+    )
+    alert_from: str | None = _var(
+        section=ALERTS, description="the alerts' sender; unset: the connection's from address"
+    )
+    smtp_conn_id: str = _var("smtp_default", section=ALERTS, description="Airflow connection the alerts are sent by")
+    serve_url: str = _var(
+        "http://127.0.0.1:8765",
+        section=SERVICE,
+        description="the hpd serve that hpd search asks first; empty or off: always search locally",
+    )
+
+    @field_validator("alert_email", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+
+    @property
+    def search_service(self) -> str | None:
+        """The service URL ``hpd search`` tries, or None when it is turned off."""
+        url = self.serve_url.strip()
+        return None if url in ("", "off") else url.rstrip("/")
+
+
+class Connection(NamedTuple):
+    """An Airflow connection the code uses: the setting naming it, its default and what it is for."""
+
+    setting: str
+    default: str
+    use: str
+
+
+CONNECTIONS = (
+    Connection(
+        "aws_conn_id",
+        "(none: boto3's default chain, no connection)",
+        "S3 stores: credentials, region and endpoint (an `aws` connection, e.g. `AIRFLOW_CONN_AWS_DEFAULT`)",
+    ),
+    Connection(
+        "smtp_conn_id",
+        "`smtp_default`",
+        "failure alerts by e-mail (an `smtp` connection, e.g. `AIRFLOW_CONN_SMTP_DEFAULT`)",
+    ),
+)
+
+
+def env_name(field: str) -> str:
+    return PREFIX + field.upper()
+
+
+def current(environ: Mapping[str, str] | None = None) -> Settings:
+    """The settings from ``environ`` (default: the process environment); raises :class:`SettingsError` naming each
+    wrong variable."""
+    environ = os.environ if environ is None else environ
+    values = {}
+    for name in Settings.model_fields:
+        raw = environ.get(env_name(name))
+        if raw is not None and (raw.strip() or name in _KEEPS_EMPTY):
+            values[name] = raw
+    try:
+        return Settings.model_validate(values)
+    except ValidationError as exc:
+        wrong = []
+        for error in exc.errors():
+            name = str(error.get("loc", ("",))[0])
+            wrong.append(f"  {env_name(name)}={values.get(name)!r}: {error.get('msg')}")
+        raise SettingsError("invalid environment:\n" + "\n".join(wrong)) from None
