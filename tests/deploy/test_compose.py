@@ -1,95 +1,320 @@
-"""docker/compose.yaml is a valid Compose file with the services the deployment needs."""
+"""docker/compose.yaml starts: each service's effective command (entrypoint and command, through the Airflow image's
+entrypoint) is the program it should run, every long-running service has a health check, every image is built or
+pinned, and every secret is required. Checked on `docker compose config`'s rendering: no container runtime runs
+here."""
 
 import json
-import shutil
+import os
+import re
+import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
+from urllib.parse import urlparse
+
+import pytest
 
 from tests.support.paths import REPO as ROOT
 
 COMPOSE = ROOT / "docker" / "compose.yaml"
+DOCKER = ROOT / "docker"
+SECRETS = (
+    "POSTGRES_PASSWORD",
+    "MINIO_ROOT_USER",
+    "MINIO_ROOT_PASSWORD",
+    "AIRFLOW_FERNET_KEY",
+    "AIRFLOW_JWT_SECRET",
+    "AIRFLOW_API_SECRET_KEY",
+    "AIRFLOW_ADMIN_PASSWORD",
+)
+ENV = {name: f"test-{name.lower()}" for name in SECRETS}
+AIRFLOW_SERVICES = ("airflow-init", "api-server", "scheduler", "dag-processor", "triggerer", "worker", "worker-gpu")
+LONG_RUNNING = (
+    "postgres",
+    "redis",
+    "minio",
+    "api-server",
+    "scheduler",
+    "dag-processor",
+    "triggerer",
+    "worker",
+    "worker-gpu",
+    "search",
+)
+ONE_SHOT = ("minio-init", "airflow-init")
+VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
-def _compose(*args, tmp_path):
-    """`docker compose ...` with the Compose v2 plugin from the venv (standalone binary if no docker CLI)."""
+def _compose(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The Compose v2 binary `make` installs into the venv, on exactly ``env`` (nothing leaks in from the caller)."""
     binary = Path(sys.executable).parent / "docker-compose"
     assert binary.exists(), "make installs the Compose binary into the venv"
-    docker = shutil.which("docker")
-    if docker:
-        plugins = tmp_path / "docker" / "cli-plugins"
-        plugins.mkdir(parents=True)
-        (plugins / "docker-compose").symlink_to(binary)
-        command, env = [docker, "compose", *args], {"DOCKER_CONFIG": str(tmp_path / "docker")}
-    else:
-        command, env = [str(binary), *args], {}
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60)
+    command = [str(binary), "-f", str(COMPOSE), "--profile", "gpu", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=60, cwd=ROOT)
 
 
-def test_compose_file_is_valid(tmp_path):
-    checked = _compose("-f", str(COMPOSE), "config", "-q", tmp_path=tmp_path)
-    assert checked.returncode == 0, checked.stderr
-
-
-def test_services_ports_and_profiles(tmp_path):
-    rendered = _compose("-f", str(COMPOSE), "--profile", "gpu", "config", "--format", "json", tmp_path=tmp_path)
+@pytest.fixture(scope="module")
+def services() -> dict:
+    rendered = _compose("config", "--format", "json", env=ENV)
     assert rendered.returncode == 0, rendered.stderr
-    services = json.loads(rendered.stdout)["services"]
-    assert {
-        "postgres",
-        "redis",
-        "minio",
-        "minio-init",
-        "airflow-init",
-        "api-server",
-        "scheduler",
-        "dag-processor",
-        "triggerer",
-        "worker",
-        "worker-gpu",
-        "search",
-    } <= set(services)
+    return json.loads(rendered.stdout)["services"]
+
+
+def _image_entrypoint(dockerfile: Path) -> list[str]:
+    (line,) = [line for line in dockerfile.read_text().splitlines() if line.startswith("ENTRYPOINT ")]
+    return json.loads(line.removeprefix("ENTRYPOINT "))
+
+
+def _unescape(words: list[str]) -> list[str]:
+    """`config` writes a literal `$` as `$$` (its output is a Compose file again); the container gets one."""
+    return [word.replace("$$", "$") for word in words]
+
+
+def effective(service: dict) -> list[str]:
+    """The argv a container of ``service`` runs. The project's images keep the official Airflow image's entrypoint
+    (dumb-init, then /entrypoint): a command starting with `bash` or `python` runs as is, `airflow X` runs as
+    `airflow X`, and anything else runs as `airflow <command>`, the trap `hpd serve` fell into."""
+    entrypoint = service.get("entrypoint")
+    command = _unescape(service.get("command") or [])
+    if entrypoint is None and service["image"].startswith("hpd-pipeline/"):
+        entrypoint = _image_entrypoint(DOCKER / "airflow.Dockerfile")
+    entrypoint = _unescape(entrypoint or [])
+    if not entrypoint or entrypoint[-1] != "/entrypoint":
+        return entrypoint + command
+    first, rest = (command[0], command[1:]) if command else ("", [])
+    if first == "bash":
+        return ["/bin/bash", *rest]
+    if first == "python":
+        return ["python", *rest]
+    return ["airflow", *(rest if first == "airflow" else command)]
+
+
+def _init_steps(service: dict) -> list[list[str]]:
+    """The `&&`-joined steps of a one-shot job's `bash -c` script, each split as the shell would."""
+    return [shlex.split(step) for step in effective(service)[2].split("&&")]
+
+
+@pytest.fixture(scope="module")
+def airflow_cli(services) -> dict[tuple[str, ...], str]:
+    """Airflow's own CLI parser's verdict on every `airflow ...` argv in the file (service commands, the init job's
+    steps, health checks): "" when it parses, else the parser's error. One fresh interpreter, with the
+    CeleryExecutor set so its `celery` commands exist (the parser is built when its module is imported)."""
+    argvs = [effective(service) for service in services.values()]
+    argvs += _init_steps(services["airflow-init"])
+    argvs += [_unescape(check["test"])[1:] for check in (s.get("healthcheck") for s in services.values()) if check]
+    airflow = sorted({tuple(argv[1:]) for argv in argvs if argv[:1] == ["airflow"]})
+    script = (
+        "import contextlib, io, json, sys\n"
+        "from airflow.cli.cli_parser import get_parser\n"
+        "verdicts = []\n"
+        "for argv in json.load(sys.stdin):\n"
+        "    err = io.StringIO()\n"
+        "    with contextlib.redirect_stderr(err):\n"
+        "        try:\n"
+        "            get_parser().parse_args(argv)\n"
+        "        except SystemExit:\n"
+        "            pass\n"
+        "    verdicts.append(err.getvalue()[-500:])\n"
+        "print(json.dumps(verdicts))\n"
+    )
+    env = {**os.environ, "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor", "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    parsed = subprocess.run(
+        [sys.executable, "-c", script], input=json.dumps(airflow), env=env, capture_output=True, text=True, timeout=120
+    )
+    assert parsed.returncode == 0, parsed.stderr[-2000:]
+    return dict(zip(airflow, json.loads(parsed.stdout.splitlines()[-1]), strict=True))
+
+
+def _parses(airflow_cli: dict[tuple[str, ...], str], argv: list[str]) -> bool:
+    assert argv[0] == "airflow"
+    assert airflow_cli[tuple(argv[1:])] == "", airflow_cli[tuple(argv[1:])]
+    return True
+
+
+def test_every_service_runs_the_program_it_should(services, airflow_cli):
+    """The Airflow services run their Airflow command, the one-shot jobs their shell script, and the search service
+    `hpd serve` itself (not `airflow hpd serve`), on the port it publishes."""
+    from tasks import cli
+
+    argv = {name: effective(service) for name, service in services.items()}
+    assert argv["api-server"] == ["airflow", "api-server", "--port", "8080"]
+    assert argv["scheduler"] == ["airflow", "scheduler"]
+    assert argv["dag-processor"] == ["airflow", "dag-processor"]
+    assert argv["triggerer"] == ["airflow", "triggerer"]
+    assert argv["worker"] == ["airflow", "celery", "worker", "--queues", "default", "--concurrency", "2"]
+    assert argv["worker-gpu"] == ["airflow", "celery", "worker", "--queues", "default,gpu", "--concurrency", "1"]
+    assert argv["search"][:3] == ["/usr/bin/dumb-init", "--", "hpd"]
+    args = cli.build_parser().parse_args(argv["search"][3:])
+    assert (args.command, args.host) == ("serve", "0.0.0.0")
+    assert [port["target"] for port in services["search"]["ports"]] == [args.port]
+    assert argv["minio"][0] == "server" and argv["minio-init"][:2] == ["/bin/sh", "-c"]
+    assert argv["airflow-init"][:2] == ["/bin/bash", "-c"]
+    assert argv["postgres"] == [] and argv["redis"][0] == "redis-server"  # the images' own entrypoints
+    assert all(_parses(airflow_cli, words) for words in argv.values() if words[:1] == ["airflow"])
+
+
+def test_the_init_jobs_migrate_create_the_pool_the_login_and_the_bucket(services, airflow_cli):
+    """airflow-init migrates, creates the encoding pool and writes the admin's password file where the api-server's
+    SimpleAuthManager reads it (a volume both mount); minio-init creates and versions the bucket of the store and
+    the remote logs."""
+    from tasks.orchestration.defaults import ENCODE_POOL
+
+    steps = _init_steps(services["airflow-init"])
+    assert steps[0] == ["airflow", "db", "migrate"] and steps[1][:4] == ["airflow", "pools", "set", ENCODE_POOL]
+    assert _parses(airflow_cli, steps[0]) and _parses(airflow_cli, steps[1])
+    env = services["api-server"]["environment"]
+    assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"] == "admin:admin"
+    passwords = env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE"]
+    assert f"> {passwords}" in effective(services["airflow-init"])[2]
+    assert services["airflow-init"]["environment"]["AIRFLOW_ADMIN_PASSWORD"] == ENV["AIRFLOW_ADMIN_PASSWORD"]
+    assert "AIRFLOW_ADMIN_PASSWORD" not in env, "the password reaches the init job only"
+    for name in ("airflow-init", "api-server"):
+        (mount,) = services[name]["volumes"]
+        assert mount["type"] == "volume" and Path(passwords).parent == Path(mount["target"]), name
+
+    bucket = urlparse(env["HPD_STORE"]).netloc
+    assert urlparse(env["AIRFLOW__LOGGING__REMOTE_BASE_LOG_FOLDER"]).netloc == bucket
+    script = effective(services["minio-init"])[2]
+    assert f"mc mb --ignore-existing hpd/{bucket}" in script and f"mc version enable hpd/{bucket}" in script
+    assert '"${MINIO_ROOT_USER}" "${MINIO_ROOT_PASSWORD}"' in script  # the container's variables, not blanks
+    connection = json.loads(env["AIRFLOW_CONN_HPD_S3"])
+    assert (connection["login"], connection["password"]) == (ENV["MINIO_ROOT_USER"], ENV["MINIO_ROOT_PASSWORD"])
+    assert urlparse(connection["extra"]["endpoint_url"]).hostname == "minio"
+
+
+def test_every_long_running_service_has_a_health_check(services, airflow_cli):
+    """A health check on each long-running service, probing what that service serves; the one-shot jobs run to
+    completion instead and the services that need them wait for it."""
+    assert set(LONG_RUNNING) | set(ONE_SHOT) == set(services)
+    for name in LONG_RUNNING:
+        check = services[name].get("healthcheck", {})
+        assert check.get("test") and not check.get("disable"), name
+    for name in ONE_SHOT:
+        assert services[name]["restart"] == "no" and "healthcheck" not in services[name], name
+    tests = {name: _unescape(services[name]["healthcheck"]["test"]) for name in LONG_RUNNING}
+    assert tests["api-server"][-1] == "http://localhost:8080/api/v2/monitor/health"
+    assert tests["search"][-1] == "http://localhost:8765/health"
+    assert tests["postgres"][1] == "pg_isready" and tests["minio"][1:] == ["mc", "ready", "local"]
+    jobs = {"scheduler": "SchedulerJob", "dag-processor": "DagProcessorJob", "triggerer": "TriggererJob"}
+    for name, job in jobs.items():
+        assert tests[name] == ["CMD", "airflow", "jobs", "check", "--job-type", job, "--local"], name
+    assert all(_parses(airflow_cli, tests[name][1:]) for name in jobs)
+    for name in ("worker", "worker-gpu"):
+        assert 'inspect ping -d "celery@${HOSTNAME}"' in tests[name][-1], name
+
+
+def test_services_wait_for_what_they_need(services):
+    """Every Airflow service waits for a healthy database and broker and the finished init jobs; the workers for a
+    healthy api-server (their tasks report through its execution API); the search service for the bucket."""
+
+    def waits(name: str) -> dict[str, str]:
+        return {dep: spec["condition"] for dep, spec in services[name].get("depends_on", {}).items()}
+
+    healthy, done = "service_healthy", "service_completed_successfully"
+    for name in AIRFLOW_SERVICES:
+        assert waits(name)["postgres"] == waits(name)["redis"] == healthy, name
+        assert waits(name)["minio-init"] == done, name
+        if name != "airflow-init":
+            assert waits(name)["airflow-init"] == done, name
+    assert waits("worker")["api-server"] == waits("worker-gpu")["api-server"] == healthy
+    assert waits("minio-init") == {"minio": healthy} and waits("search") == {"minio-init": done}
+
+
+def test_images_are_built_or_pinned(services):
+    """No `:latest` and no untagged image; the project's images carry the project's version and are built from its
+    Dockerfiles (the GPU worker on the Airflow image another service builds); the others name a release."""
+    for name, service in services.items():
+        image = service["image"]
+        repository, _, tag = image.rpartition(":")
+        assert repository and "/" not in tag and tag != "latest", f"{name}: {image}"
+        if repository.startswith("hpd-pipeline/"):
+            assert tag == VERSION, f"{name}: {image}"
+            dockerfile = Path(service["build"]["context"]) / service["build"]["dockerfile"]
+            assert dockerfile.resolve().parent == DOCKER and dockerfile.exists(), name
+        else:
+            assert "build" not in service and re.search(r"\d", tag), f"{name}: {image}"
+    gpu = services["worker-gpu"]["build"]
+    assert Path(gpu["dockerfile"]).name == "worker-gpu.Dockerfile"
+    assert (DOCKER / "worker-gpu.Dockerfile").read_text().count("\nFROM base\n") == 1
+    base = gpu["additional_contexts"]["base"].removeprefix("service:")
+    assert services[base]["image"] == f"hpd-pipeline/airflow:{VERSION}" and "build" in services[base]
+
+
+def test_every_secret_is_required():
+    """Each secret is `${VAR:?message}`, never a fallback: `config` fails naming the one that is unset."""
+    text = "\n".join(line for line in COMPOSE.read_text().splitlines() if not line.lstrip().startswith("#"))
+    assert set(re.findall(r"\$\{(\w+):\?", text)) == set(SECRETS)
+    defaults = set(re.findall(r"\$\{(\w+):-", text))
+    assert not {name for name in defaults if re.search("PASSWORD|SECRET|KEY", name)}, defaults
+    for name in SECRETS:
+        rendered = _compose("config", "-q", env={key: value for key, value in ENV.items() if key != name})
+        assert rendered.returncode != 0 and f"required variable {name} is missing a value" in rendered.stderr, name
+
+
+def test_make_env_writes_every_secret_once(tmp_path, services):
+    """docker/make-env.sh writes a private env file with which the file renders; a valid Fernet key; a second run
+    leaves the file as it is."""
+    from cryptography.fernet import Fernet
+
+    env_file = tmp_path / ".env"
+    written = []
+    for _ in range(2):
+        made = subprocess.run(["sh", str(DOCKER / "make-env.sh"), str(env_file)], capture_output=True, text=True)
+        assert made.returncode == 0, made.stderr
+        written.append(env_file.read_text())
+    first = written[0]
+    assert written[1] == first and env_file.stat().st_mode & 0o777 == 0o600
+    values = dict(line.split("=", 1) for line in first.splitlines() if line and not line.startswith("#"))
+    assert set(SECRETS) <= set(values) and len(set(values[name] for name in SECRETS)) == len(SECRETS)
+    Fernet(values["AIRFLOW_FERNET_KEY"].encode())
+    rendered = _compose("--env-file", str(env_file), "config", "--format", "json", env={})
+    assert rendered.returncode == 0, rendered.stderr
+    env = json.loads(rendered.stdout)["services"]["scheduler"]["environment"]
+    assert env["AIRFLOW__API_AUTH__JWT_SECRET"] == values["AIRFLOW_JWT_SECRET"]
+
+
+def test_ports_stay_on_loopback_and_the_celery_layout(services):
+    """Published ports bind 127.0.0.1 only. The layout tests/dags/test_celery_workers.py runs: the CeleryExecutor on
+    Redis and Postgres, a worker on the default queue and a GPU worker on the default and GPU queues, and one set of
+    signing secrets for every Airflow container (the scheduler signs the workers' task tokens, the api-server
+    checks them)."""
+    from tasks.orchestration.defaults import ENCODE_POOL
+
     for name, service in services.items():
         for port in service.get("ports", []):
             assert port.get("host_ip") == "127.0.0.1", f"{name} publishes a port beyond loopback"
-    assert services["scheduler"]["environment"]["HPD_STORE"].startswith("s3://")
-    assert services["search"]["command"][:2] == ["hpd", "serve"]
-    assert "HPD_ALERT_EMAIL" in services["scheduler"]["environment"]
-
-
-def test_the_celery_layout_of_the_live_test(tmp_path):
-    """The layout tests/dags/test_celery_workers.py runs: the CeleryExecutor on Redis and Postgres, a worker on
-    the default queue and a GPU worker on the default and GPU queues, the encoding pool created at init, and
-    one JWT secret for every container (the scheduler signs the workers' task tokens, the api-server checks)."""
-    from tasks.orchestration.defaults import ENCODE_POOL
-
-    rendered = _compose("-f", str(COMPOSE), "--profile", "gpu", "config", "--format", "json", tmp_path=tmp_path)
-    services = json.loads(rendered.stdout)["services"]
     env = services["scheduler"]["environment"]
-    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor"
+    assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor" and env["HPD_ENCODE_POOL"] == ENCODE_POOL
     assert env["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://redis:")
     assert env["AIRFLOW__CELERY__RESULT_BACKEND"].startswith("db+postgresql")
-    airflow = [name for name, service in services.items() if service.get("image", "").startswith("hpd-pipeline/")]
-    assert len({services[name]["environment"]["AIRFLOW__API_AUTH__JWT_SECRET"] for name in airflow}) == 1
-
-    def queues(name):
-        command = services[name]["command"]
-        assert command[:3] == ["airflow", "celery", "worker"], name
-        return command[command.index("--queues") + 1].split(",")
-
-    assert queues("worker") == ["default"] and queues("worker-gpu") == ["default", "gpu"]
-    assert "gpus" in services["worker-gpu"] or services["worker-gpu"].get("deploy")
-    assert services["worker-gpu"]["profiles"] == ["gpu"]
-    init = " ".join(services["airflow-init"]["command"])
-    assert "airflow db migrate" in init and f"airflow pools set {ENCODE_POOL} " in init
-    assert env["HPD_ENCODE_POOL"] == ENCODE_POOL
+    assert env["HPD_STORE"].startswith("s3://") and "HPD_ALERT_EMAIL" in env
+    for key in ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY", "AIRFLOW__CORE__FERNET_KEY"):
+        assert {services[name]["environment"][key] for name in AIRFLOW_SERVICES} == {env[key]}, key
+    assert "gpus" in services["worker-gpu"] and services["worker-gpu"]["profiles"] == ["gpu"]
 
 
 def test_images_install_from_the_locks():
-    dockerfile = (ROOT / "docker" / "airflow.Dockerfile").read_text()
+    """The Airflow image installs from the lock files on the pinned Airflow image, and its build context
+    (airflow.Dockerfile.dockerignore, an allow-list) holds every path its COPY lines name."""
+    dockerfile = (DOCKER / "airflow.Dockerfile").read_text()
     assert dockerfile.startswith("#") and "FROM apache/airflow:3.3.2-python3.11" in dockerfile
     assert (
         "-r /opt/hpd/requirements.lock" in dockerfile
         and "--require-hashes -r /opt/hpd/requirements-models.lock" in dockerfile
     )
     assert "apache-airflow==3.3.2" in (ROOT / "requirements.lock").read_text()
+    allowed = {
+        line[1:]
+        for line in (DOCKER / "airflow.Dockerfile.dockerignore").read_text().splitlines()
+        if line.startswith("!")
+    }
+    copied = {src for line in dockerfile.splitlines() if line.startswith("COPY ") for src in line.split()[2:-1]}
+    assert copied and copied <= allowed and all((ROOT / src).exists() for src in copied)
+
+
+def test_the_deployment_page_names_every_service_and_secret(services):
+    page = (ROOT / "docs" / "deployment.md").read_text()
+    assert not [name for name in (*services, *SECRETS) if f"`{name}`" not in page]
+    pinned = {service["image"] for service in services.values() if not service["image"].startswith("hpd-pipeline/")}
+    assert not [image for image in pinned if image.startswith("quay.io/") and f"`{image}`" not in page]
