@@ -318,3 +318,14 @@ def test_the_deployment_page_names_every_service_and_secret(services):
     assert not [name for name in (*services, *SECRETS) if f"`{name}`" not in page]
     pinned = {service["image"] for service in services.values() if not service["image"].startswith("hpd-pipeline/")}
     assert not [image for image in pinned if image.startswith("quay.io/") and f"`{image}`" not in page]
+
+
+def test_every_hpd_variable_is_a_setting_with_a_valid_value(services):
+    """The `HPD_*` variables the services get are settings the code reads (tasks/core/settings.py), and valid."""
+    from tasks.core import settings
+
+    known = {settings.env_name(field) for field in settings.Settings.model_fields}
+    for name, service in services.items():
+        env = {key: value for key, value in service.get("environment", {}).items() if key.startswith("HPD_")}
+        assert set(env) <= known, f"{name}: {set(env) - known}"
+        settings.current(env)

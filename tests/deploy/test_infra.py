@@ -133,3 +133,17 @@ def test_the_signing_secrets_come_from_secrets_created_beforehand():
     names = [values[key] for key in ("fernetKeySecretName", "apiSecretKeySecretName", "jwtSecretName")]
     assert all(name.startswith("hpd-airflow-") for name in names) and len(set(names)) == 3
     assert not {key for key in ("fernetKey", "apiSecretKey", "jwtSecret") if values.get(key)}
+
+
+def test_every_hpd_variable_is_a_setting_with_a_valid_value():
+    """The `HPD_*` variables of the Helm release and the search Deployment are settings the code reads, and valid."""
+    from tasks.core import settings
+
+    known = {settings.env_name(field) for field in settings.Settings.model_fields}
+    values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
+    deployment, _ = yaml.safe_load_all((INFRA / "k8s" / "search.yaml").read_text())
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    for items in (values["env"], container["env"]):
+        env = {item["name"]: item["value"] for item in items if item["name"].startswith("HPD_")}
+        assert env and set(env) <= known, set(env) - known
+        settings.current(env)
