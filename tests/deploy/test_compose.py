@@ -96,7 +96,7 @@ def _init_steps(service: dict) -> list[list[str]]:
 
 
 @pytest.fixture(scope="module")
-def airflow_cli(services) -> dict[tuple[str, ...], str]:
+def airflow_cli(services, tmp_path_factory) -> dict[tuple[str, ...], str]:
     """Airflow's own CLI parser's verdict on every `airflow ...` argv in the file (service commands, the init job's
     steps, health checks): "" when it parses, else the parser's error. One fresh interpreter, with the
     CeleryExecutor set so its `celery` commands exist (the parser is built when its module is imported)."""
@@ -118,7 +118,12 @@ def airflow_cli(services) -> dict[tuple[str, ...], str]:
         "    verdicts.append(err.getvalue()[-500:])\n"
         "print(json.dumps(verdicts))\n"
     )
-    env = {**os.environ, "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor", "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+    env = {
+        **os.environ,
+        "AIRFLOW_HOME": str(tmp_path_factory.mktemp("airflow")),
+        "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+    }
     parsed = subprocess.run(
         [sys.executable, "-c", script], input=json.dumps(airflow), env=env, capture_output=True, text=True, timeout=120
     )
