@@ -257,19 +257,19 @@ def test_every_secret_is_required():
         assert rendered.returncode != 0 and f"required variable {name} is missing a value" in rendered.stderr, name
 
 
-def test_make_env_writes_every_secret_once(tmp_path, services):
+def test_make_env_writes_every_secret_once(tmp_path):
     """docker/make-env.sh writes a private env file with which the file renders; a valid Fernet key; a second run
     leaves the file as it is."""
     from cryptography.fernet import Fernet
 
     env_file = tmp_path / ".env"
     written = []
-    for _ in range(2):
+    for _ in ("writes", "leaves"):
         made = subprocess.run(["sh", str(DOCKER / "make-env.sh"), str(env_file)], capture_output=True, text=True)
         assert made.returncode == 0, made.stderr
         written.append(env_file.read_text())
-    first = written[0]
-    assert written[1] == first and env_file.stat().st_mode & 0o777 == 0o600
+    first, second = written
+    assert second == first and env_file.stat().st_mode & 0o777 == 0o600
     values = dict(line.split("=", 1) for line in first.splitlines() if line and not line.startswith("#"))
     assert set(SECRETS) <= set(values) and len(set(values[name] for name in SECRETS)) == len(SECRETS)
     Fernet(values["AIRFLOW_FERNET_KEY"].encode())
