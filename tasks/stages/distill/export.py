@@ -12,6 +12,7 @@ from typing import Any
 from tasks.core import catalog, manifest, storage
 from tasks.ml import onnx_encoder
 from tasks.ml.student import MODEL_FOLDER
+from tasks.stages import tracking
 from tasks.stages.distill import card
 from tasks.stages.distill.trainer import Trainer
 
@@ -75,3 +76,44 @@ def without_pooler(folder: Path, transformer: Any) -> None:
     config = json.loads(path.read_text())
     config["model_args"] = {**config.get("model_args", {}), "add_pooling_layer": False}
     path.write_text(json.dumps(config))
+
+
+def report(trainer: Trainer, stage_run: manifest.StageRun, manifest_uri: str) -> tracking.Report:
+    """What the published run reports to experiment tracking: its parameters, the exported weights' scores and
+    the run's size, the loss and validation histories by step, and where its manifest lies in the store."""
+    state, data, scores = trainer.state, trainer.data, card.Scores.of(trainer)
+    found, took = scores.exported, stage_run.timings_s.get("train")
+    metrics = {
+        "val_mse": found.val_mse,
+        "val_cosine": found.val_cosine,
+        **({} if found.sts_dev is None else {"sts_dev": found.sts_dev}),
+        **({} if scores.training_loss is None else {"training_loss": scores.training_loss}),
+        **({} if took is None else {"train_seconds": took}),
+        "steps": state.step,
+        "best_step": state.best_step,
+        "train_rows": data.train_rows,
+        "val_rows": len(data.val_texts),
+        "k": data.dim,
+    }
+    history = {
+        "loss": list(state.losses),
+        "eval.val_mse": [(e.step, e.val_mse) for e in state.evals],
+        "eval.val_cosine": [(e.step, e.val_cosine) for e in state.evals],
+        "eval.sts_dev": [(e.step, e.sts_dev) for e in state.evals if e.sts_dev is not None],
+    }
+    return tracking.Report(
+        stage="distill",
+        name=trainer.params.name,
+        params=tracking.params_of(trainer.params),
+        metrics={name: float(value) for name, value in metrics.items()},
+        history=history,
+        tags=_tags(stage_run, manifest_uri),
+    )
+
+
+def _tags(stage_run: manifest.StageRun, manifest_uri: str) -> dict[str, str]:
+    return {
+        "hpd.run_id": stage_run.run_id,
+        "hpd.manifest": catalog.store_key(stage_run.store, manifest_uri) or "",
+        "hpd.code_version": manifest.code_version(),
+    }

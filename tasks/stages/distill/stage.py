@@ -9,6 +9,7 @@ from pathlib import Path
 from tasks.core import catalog, lineage, manifest, runs
 from tasks.core.catalog import Stage
 from tasks.ml import student
+from tasks.stages import tracking
 from tasks.stages.distill import export
 from tasks.stages.distill.data import TrainingData, shard_pairs
 from tasks.stages.distill.distributed import Distributed, init_distributed, select_device
@@ -89,6 +90,7 @@ def _trained(
     import torch
 
     force, progress = flags
+    track = tracking.tracker()  # tracking on without MLflow fails here, before training
     if params.threads:
         torch.set_num_threads(params.threads)
     device = select_device(params.device, dist)
@@ -108,4 +110,7 @@ def _trained(
         for uri, body in export.files(trainer, stage_run, summary).items():
             stage_run.write_output(uri, body)
     stage_run.stats = {**summary, **runtime}  # with the ONNX export's record, when one was asked for
-    return stage_run.publish()
+    published = stage_run.publish()
+    if track is not None:
+        track.log(export.report(trainer, stage_run, published.manifest_uri))
+    return published

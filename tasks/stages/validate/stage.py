@@ -10,9 +10,9 @@ from tasks.core.catalog import Pointer, Stage
 from tasks.core.promotion import Promotion
 from tasks.core.stage_records import ValidateStats
 from tasks.ml import sts
-from tasks.stages import drift
+from tasks.stages import drift, tracking
 from tasks.stages.params import ValidateParams
-from tasks.stages.validate import promotion, scoring, versus
+from tasks.stages.validate import promotion, scoring, tracked, versus
 from tasks.stages.validate.errors import ValidateError
 from tasks.stages.validate.pairs import read_pairs
 from tasks.stages.validate.records import DriftNotMeasured, ValidationReport
@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 
 def run(params: ValidateParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Measure the student of ``params.model_run``, apply the gate, promote on success."""
+    track = tracking.tracker()  # tracking on without MLflow fails here, before measuring
     pair_sets = [sts.stsb_test(), sts.sick_r_test(), *(read_pairs(uri) for uri in params.pair_files)]
     distilled = manifest.read(params.store, Stage.DISTILL, params.model_run)
     if distilled is None:
@@ -62,11 +63,25 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
         ),
     )
     _write_report(stage_run, distilled, report, measured.plots)
-    recorded = Promotion(promoted_etag).as_stats() if decision.passed and params.promote else {}
+    return _published(params, stage_run, report, promoted_etag, track)
+
+
+def _published(
+    params: ValidateParams,
+    stage_run: manifest.StageRun,
+    report: ValidationReport,
+    promoted_etag: str | None,
+    track: tracking.Tracker | None,
+) -> manifest.StageResult:
+    """Publish the validation, report it to ``track`` (when tracking is on) and promote when its gate passed."""
+    passed = report.gate.passed
+    recorded = Promotion(promoted_etag).as_stats() if passed and params.promote else {}
     stage_run.stats = {**report.model_dump(), **recorded}
     result = stage_run.publish()
     assert result.manifest is not None
-    _promote(params, decision.passed, result.manifest, promoted_etag)
+    if track is not None:
+        track.log(tracked.report(params, stage_run, report, result.manifest_uri))
+    _promote(params, passed, result.manifest, promoted_etag)
     return result
 
 
