@@ -3,8 +3,9 @@
 Options are generated from each stage's parameter model (:mod:`tasks.stages.params`), so the CLI,
 the DAGs and the tests validate the same way; building the parser imports no stage, so ``--help``
 is fast. Prints the run's summary as JSON on stdout and logs the run (``tasks.*`` at INFO) on stderr, with
-a progress bar instead of the periodic progress lines when stderr is a terminal; exits 2 on bad parameters
-and 1 on bad input or storage errors, with a message naming the input.
+a progress bar instead of the periodic progress lines when stderr is a terminal; other libraries log their
+warnings only, the chattiest (FAISS's loader, transformers, torch) their errors only, unless ``--log-level``
+says otherwise. Exits 2 on bad parameters and 1 on bad input or storage errors, with a message naming the input.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import re
 import sys
 import time
@@ -20,6 +22,7 @@ import types
 import typing
 from collections.abc import Sequence
 from datetime import date
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +31,7 @@ from pydantic.fields import FieldInfo
 
 from tasks.core import config
 from tasks.core.catalog import RUN_NAME_PATTERN, Stage
+from tasks.core.settings import SettingsError
 from tasks.core.uris import StorageError, store_root, to_uri
 from tasks.ml.hits import Hit
 from tasks.stages import registry
@@ -44,10 +48,15 @@ HELP = {
     Stage.DISTILL: "train the student on the projected targets (torchrun for several processes) and export it",
     Stage.GC: "delete store objects no manifest, pointer or live checkpoint references, once past the retention",
 }
+DESCRIPTION = "run the pipeline's stages outside Airflow, search and serve the index, inspect the store"
 MAX_HITS = 1000
 # What a stage command's options hold beside its parameters: how to run it, not what it computes.
-_RUN_OPTIONS = ("command", "force", "quiet", "table")
+_RUN_OPTIONS = ("command", "force", "quiet", "table", "log_level")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# Libraries that log routine chatter as INFO or WARNING (FAISS's loader lines, transformers' and torch's notices,
+# Python warnings): at the default level, only their errors are shown.
+CHATTY = ("faiss", "transformers", "sentence_transformers", "torch", "huggingface_hub", "py.warnings")
 DEMO_DEFAULTS = {
     "airflow_home": "var/airflow",
     "rows": 2000,
@@ -106,11 +115,27 @@ def _add_model_options(parser: argparse.ArgumentParser, model: type[BaseModel]) 
         )
 
 
+def _common() -> argparse.ArgumentParser:
+    """Options every command takes, before or after its name."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=argparse.SUPPRESS,
+        help="log lines at this level and above, from the pipeline and every library (default: the pipeline's "
+        "INFO lines, other libraries' warnings, FAISS's, transformers' and torch's errors only)",
+    )
+    return common
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hpd", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    common = _common()
+    parser = argparse.ArgumentParser(prog="hpd", description=DESCRIPTION, parents=[common])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}", help="print the version")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", help="what to run")
     for stage, model in registry.STAGES.items():
-        stage_parser = sub.add_parser(command_name(stage), help=HELP[stage], description=HELP[stage])
+        stage_parser = sub.add_parser(command_name(stage), help=HELP[stage], description=HELP[stage], parents=[common])
         _add_model_options(stage_parser, model)
         stage_parser.add_argument("--force", action="store_true", help="rerun even if a matching manifest exists")
         stage_parser.add_argument(
@@ -126,8 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
         "search",
         help="nearest corpus sentences from the current index",
         description="nearest corpus sentences from the current index",
+        parents=[common],
     )
-    search.add_argument("query")
+    search.add_argument("query", help="the text to search for")
     search.add_argument(
         "-k", type=_bounded(1, MAX_HITS), default=5, help=f"how many results, 1-{MAX_HITS} (default: 5)"
     )
@@ -138,21 +164,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="load the index here rather than asking a running `hpd serve` ($HPD_SERVE_URL, else "
         "http://127.0.0.1:8765; used only when it serves the same store)",
     )
-    _add_serve_parser(sub)
-    _add_demo_parser(sub)
-    _add_lineage_parser(sub)
-    _add_runs_parser(sub)
+    for add in (_add_serve_parser, _add_demo_parser, _add_lineage_parser, _add_runs_parser, _add_completion_parser):
+        add(sub, common)
     return parser
 
 
-def _add_serve_parser(sub: Any) -> None:
+def _version() -> str:
+    try:
+        return metadata.version("hpd-pipeline")
+    except metadata.PackageNotFoundError:  # a checkout on the path, not installed
+        return "unknown (not installed)"
+
+
+def _add_completion_parser(sub: Any, common: argparse.ArgumentParser) -> None:
+    completion = sub.add_parser(
+        "completion",
+        help="print a shell completion script",
+        description="print a completion script for hpd, generated from this parser; load it with "
+        "`source <(hpd completion bash)` (or `hpd completion zsh`), or save it where the shell reads completions",
+        parents=[common],
+    )
+    completion.add_argument("shell", choices=["bash", "zsh"], help="the shell the script is for")
+
+
+def _add_serve_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     description = (
         "a long-lived HTTP search service: loads the promoted student and index once, answers GET /search?q=&k= "
         "and POST /search {queries, k}, reports GET /health, and swaps in a newly promoted index (checked by "
         "the etag of indexes/current.json every --poll-s seconds) without failing a request"
     )
     serve = sub.add_parser(
-        "serve", help="serve searches over HTTP, hot-swapping promoted indexes", description=description
+        "serve",
+        help="serve searches over HTTP, hot-swapping promoted indexes",
+        description=description,
+        parents=[common],
     )
     serve.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, this machine only)")
@@ -187,14 +232,14 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
-def _add_lineage_parser(sub: Any) -> None:
+def _add_lineage_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     description = (
         "where an artifact came from: walk back from a pointer, a model run, a manifest or any published "
         "object to the staged partitions and raw sources, verifying each object's sha256 on the way; "
         "with --impacted, every run and artifact made from a partition or source, and whether it is promoted"
     )
     lineage = sub.add_parser(
-        "lineage", help="trace an artifact back to its sources, or forward", description=description
+        "lineage", help="trace an artifact back to its sources, or forward", description=description, parents=[common]
     )
     lineage.add_argument(
         "target",
@@ -210,21 +255,24 @@ def _add_lineage_parser(sub: Any) -> None:
     lineage.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
 
 
-def _add_runs_parser(sub: Any) -> None:
+def _add_runs_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     runs = sub.add_parser(
         "runs",
         help="list model runs, or compare two",
         description="model runs (distill, with their validation) as their manifests record them",
+        parents=[common],
     )
-    actions = runs.add_subparsers(dest="action", required=True)
+    actions = runs.add_subparsers(dest="action", required=True, metavar="ACTION", help="list or compare")
     listing = actions.add_parser(
         "list",
+        parents=[common],
         help="every model run, newest first",
         description="every model run, newest first: created, input partitions, the student's STS-B and SICK-R "
         "test scores, the gate decision (passed, failed, not validated, stale) and * on the promoted one",
     )
     comparing = actions.add_parser(
         "compare",
+        parents=[common],
         help="two model runs side by side",
         description="two model runs side by side: params, input partitions, STS, fidelity and retrieval metrics, "
         "the gate and its margins, durations; * marks the rows that differ",
@@ -243,13 +291,14 @@ def _run_name(text: str) -> str:
     return text
 
 
-def _add_demo_parser(sub: Any) -> None:
+def _add_demo_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     demo = sub.add_parser(
         "demo",
         help="run the DAG chain with `airflow dags test` on a corpus sample",
         description="run hpd_ingest, hpd_retrain, hpd_index and hpd_quality_report with "
         "`airflow dags test` (SQLite metadata), then print where the outputs are",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+        parents=[common],
     )
     demo.set_defaults(**DEMO_DEFAULTS)
     demo.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
@@ -414,12 +463,21 @@ def _run_stage(stage: Stage, args: argparse.Namespace) -> int:
     return 0
 
 
-def configure_logging() -> None:
-    """Log lines on stderr: ``tasks.*`` at INFO, other libraries' warnings; a no-op where logging is set up."""
+def configure_logging(level: str | None = None) -> None:
+    """Log lines on stderr: everything at ``level``; by default ``tasks.*`` at INFO, other libraries' warnings
+    and the :data:`CHATTY` ones' errors. A no-op where logging is set up (Airflow, pytest)."""
     if logging.getLogger().handlers:
         return
-    logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
-    logging.getLogger("tasks").setLevel(logging.INFO)
+    logging.captureWarnings(True)  # Python warnings (torch's, transformers') go through logging: py.warnings
+    logging.basicConfig(level=level or logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
+    logging.getLogger("tasks").setLevel(level or logging.INFO)
+    for name in CHATTY:
+        logging.getLogger(name).setLevel(level or logging.ERROR)
+    # transformers sets its own loggers' level from this variable when it is first imported
+    if level:
+        os.environ["TRANSFORMERS_VERBOSITY"] = level.lower()
+    else:
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 
 def _bars_and_logs() -> contextlib.AbstractContextManager[None]:
@@ -429,22 +487,31 @@ def _bars_and_logs() -> contextlib.AbstractContextManager[None]:
     return logging_redirect_tqdm()
 
 
+def _completion(args: argparse.Namespace) -> int:
+    from tasks import completion
+
+    print(completion.script(build_parser(), args.shell), end="")
+    return 0
+
+
+COMMANDS = {
+    "search": _search,
+    "serve": _serve,
+    "demo": _demo,
+    "lineage": _lineage,
+    "runs": _runs,
+    "completion": _completion,
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    configure_logging()
     args = build_parser().parse_args(argv)
+    configure_logging(getattr(args, "log_level", None))
     command = args.command
     try:
-        if command == "search":
-            return _search(args)
-        if command == "serve":
-            return _serve(args)
-        if command == "demo":
-            return _demo(args)
-        if command == "lineage":
-            return _lineage(args)
-        if command == "runs":
-            return _runs(args)
-    except config.ConfigError as exc:
+        if command in COMMANDS:
+            return COMMANDS[command](args)
+    except (config.ConfigError, SettingsError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 2
     return _run_stage(Stage(command.replace("-", "_")), args)

@@ -19,6 +19,7 @@ from tasks import cli
 from tasks.core import settings
 
 REGENERATE = "python -m tasks.reference"
+EVERYWHERE = "--log-level"  # an option of every command, shown once
 DOCS = Path(__file__).resolve().parent.parent / "docs" / "reference"
 _TRAILING_DEFAULT = re.compile(r"\s*\(default: (?P<value>(?:[^()]|\([^()]*\))*)\)$")
 INTRO = (
@@ -77,10 +78,12 @@ def _help_and_default(parser: argparse.ArgumentParser, action: argparse.Action) 
     return text, str(shown)
 
 
-def _options_table(parser: argparse.ArgumentParser, model: typing.Any) -> list[str]:
+def _options_table(parser: argparse.ArgumentParser, model: typing.Any, top: bool = False) -> list[str]:
     rows = ["| option | value | default | description |", "|---|---|---|---|"]
     for action in parser._actions:  # noqa: SLF001
         if isinstance(action, argparse._SubParsersAction | argparse._HelpAction):  # noqa: SLF001
+            continue
+        if not top and action.option_strings == [EVERYWHERE]:
             continue
         field = model.model_fields.get(action.dest) if model else None
         names = ", ".join(f"`{name}`" for name in action.option_strings) or f"`{action.metavar or action.dest}`"
@@ -109,7 +112,8 @@ def cli_page() -> str:
     parser = cli.build_parser()
     lines = _header("Command line: `hpd`", "the `hpd` parser (tasks/cli.py)")
     lines += [_cell(parser.description), "", f"```\n{' '.join(parser.format_usage().split())}\n```", ""]
-    lines += [*_options_table(parser, None), "", "| command | what it does |", "|---|---|"]
+    lines += [*_options_table(parser, None, top=True), "", f"Every command also takes `{EVERYWHERE}` and `-h`, `--help`.", ""]
+    lines += ["| command | what it does |", "|---|---|"]
     commands = _subparsers(parser)
     lines += [f"| [`hpd {name}`](#hpd-{name}) | {_cell(sub.description)} |" for name, sub in commands.items()]
     lines.append("")

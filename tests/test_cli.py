@@ -1,13 +1,16 @@
+import argparse
 import json
 import re
+import shlex
 import subprocess
 import sys
 import time
+from importlib import metadata
 from pathlib import Path
 
 import pytest
 
-from tasks import cli
+from tasks import cli, completion
 from tasks.core import storage
 from tasks.stages.registry import STAGES
 
@@ -161,3 +164,84 @@ def test_path_like_names_exit_2_naming_the_field_and_write_nothing(tmp_path, cap
     assert f"  {field}: String should match pattern" in err and f"(got {argv[-1]!r})" in err
     assert not store.exists()
     assert list(tmp_path.iterdir()) == []  # nor anything beside it (where '../x' would lead)
+
+
+def test_version_is_the_installed_package_version():
+    hpd = Path(sys.executable).parent / "hpd"
+    out = subprocess.run([hpd, "--version"], capture_output=True, text=True, check=True).stdout
+    assert out == f"hpd {metadata.version('hpd-pipeline')}\n"
+
+
+def test_every_command_and_option_has_help():
+    missing = []
+    for path, parser in completion.commands(cli.build_parser()).items():
+        for action in parser._actions:
+            names = "/".join(action.option_strings) or action.dest
+            if not action.help or action.help == argparse.SUPPRESS:
+                missing.append(f"hpd {path.replace('/', ' ')} {names}")
+            if isinstance(action, argparse._SubParsersAction):
+                described = {choice.dest for choice in action._choices_actions if choice.help}
+                missing += [f"hpd {path} {name} (no help)" for name in action.choices if name not in described]
+    assert missing == []
+
+
+def test_log_level_is_taken_before_or_after_the_command_and_is_no_stage_parameter(tmp_path, capsys):
+    parser = cli.build_parser()
+    assert parser.parse_args(["--log-level", "debug", "runs", "list"]).log_level == "DEBUG"
+    assert parser.parse_args(["runs", "list", "--log-level", "info"]).log_level == "INFO"
+    assert not hasattr(parser.parse_args(["runs", "list"]), "log_level")
+    source = tmp_path / "raw.txt"
+    source.write_text("one\n")
+    argv = ["stage-corpus", "--source", str(source), "--ingest-date", "2026-11-30", "--store", str(tmp_path / "s")]
+    assert cli.main([*argv, "--quiet", "--log-level", "ERROR"]) == 0  # not passed on to the stage's params
+    assert json.loads(capsys.readouterr().out)["stats"]["rows_written"] == 1
+
+
+_LEVELS = """
+import json, logging
+from tasks import cli
+cli.configure_logging({level!r})
+names = ("tasks", "faiss.loader", "transformers", "torch", "py.warnings", "botocore")
+print(json.dumps({{name: logging.getLevelName(logging.getLogger(name).getEffectiveLevel()) for name in names}}))
+"""
+
+
+@pytest.mark.parametrize(
+    ("level", "expected"),
+    [
+        (None, {"tasks": "INFO", "botocore": "WARNING", "faiss.loader": "ERROR", "transformers": "ERROR"}),
+        ("DEBUG", {"tasks": "DEBUG", "botocore": "DEBUG", "faiss.loader": "DEBUG", "py.warnings": "DEBUG"}),
+    ],
+)
+def test_the_default_level_quiets_the_chatty_libraries_and_log_level_opens_them(level, expected):
+    code = _LEVELS.format(level=level)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    levels = json.loads(run.stdout)
+    assert {name: levels[name] for name in expected} == expected
+
+
+def _complete(script: str, *words: str) -> list[str]:
+    """What the generated bash completion offers after ``hpd WORDS...`` (the last word being typed)."""
+    probe = f"{script}\nCOMP_WORDS=(hpd {' '.join(map(shlex.quote, words))}); COMP_CWORD={len(words)}; _hpd; "
+    probe += 'printf "%s\\n" "${COMPREPLY[@]}"'
+    return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_bash_completion_offers_commands_options_and_choices(capsys):
+    assert cli.main(["completion", "bash"]) == 0
+    script = capsys.readouterr().out
+    parser = cli.build_parser()
+    commands = completion.commands(parser)
+    top = {name for name in commands if name and "/" not in name}
+    assert top >= {cli.command_name(stage) for stage in STAGES} | {"search", "serve", "runs", "completion"}
+    assert top <= set(_complete(script, ""))
+    assert _complete(script, "se") == ["search", "serve"]
+    assert _complete(script, "runs", "")[:2] == ["list", "compare"]
+    assert _complete(script, "runs", "compare", "--j") == ["--json"]
+    assert _complete(script, "distill", "--amp", "") == ["auto", "off", "bf16", "fp16"]
+    assert _complete(script, "--log-level", "WARNING", "serve", "--query-encoder", "t") == ["torch"]
+    options = {o for a in commands["build-index"]._actions for o in a.option_strings}
+    assert set(_complete(script, "build-index", "--")) == options - {"-h"}
+    assert _complete(script, "search", "--store", "") == []  # a value: bash completes file names (-o default)
+    assert cli.main(["completion", "zsh"]) == 0
+    assert capsys.readouterr().out.startswith("# hpd completion for zsh")

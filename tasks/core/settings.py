@@ -19,7 +19,7 @@ MIB = 1024 * 1024
 _CACHE = "~/.cache/hpd-pipeline"
 _KEEPS_EMPTY = frozenset({"serve_url"})
 
-STORE, S3, FILES, DAGS, WORKERS, ALERTS, SERVICE = (
+STORE, S3, FILES, DAGS, WORKERS, ALERTS, SERVICE, TRACKING, LOCAL = (
     "Store",
     "S3 client",
     "Models, data and logs",
@@ -27,6 +27,8 @@ STORE, S3, FILES, DAGS, WORKERS, ALERTS, SERVICE = (
     "Workers and executors",
     "Alerts",
     "Search service",
+    "Experiment tracking",
+    "Local Airflow",
 )
 
 
@@ -43,7 +45,7 @@ def _var(default: Any = None, *, section: str, description: str, shown: str | No
 
 
 class Settings(BaseModel):
-    """The deployment's settings; field ``name`` is the variable ``HPD_NAME``."""
+    """The deployment's settings; each field is the variable of its name in capitals, prefixed ``HPD_``."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -129,6 +131,16 @@ class Settings(BaseModel):
         "http://127.0.0.1:8765",
         section=SERVICE,
         description="the hpd serve that hpd search asks first; empty or off: always search locally",
+    )
+    tracking_uri: str | None = _var(
+        section=TRACKING,
+        description="the MLflow tracking server or store distill and validate report to (http://..., sqlite:///..., "
+        "file:///...); unset: no tracking",
+    )
+    tracking_experiment: str = _var("hpd-pipeline", section=TRACKING, description="the MLflow experiment of the runs")
+    airflow_password: str | None = _var(
+        section=LOCAL,
+        description="the admin password of `make airflow`'s local Airflow; unset: one generated once into its home",
     )
 
     @field_validator("alert_email", mode="before")

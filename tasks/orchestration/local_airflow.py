@@ -22,7 +22,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from tasks.core import storage
+from tasks.core import settings, storage
 
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
 USER = "admin"
@@ -85,7 +85,7 @@ class LocalAirflow:
     def start(self) -> None:
         """Migrate the metadata database, start the services, log in and create the encoding pool."""
         self.home.mkdir(parents=True, exist_ok=True)
-        if password := os.environ.get("HPD_AIRFLOW_PASSWORD"):  # kept by the auth manager, which adds no other
+        if password := settings.current().airflow_password:  # kept by the auth manager, which adds no other
             self.passwords_file.write_text(json.dumps({USER: password}) + "\n")
         migrated = subprocess.run(
             [self.airflow, "db", "migrate"], env=self.env, capture_output=True, text=True, timeout=300, cwd=self.home

@@ -1,0 +1,66 @@
+"""The settings model: each ``HPD_*`` variable typed, defaulted and validated, read from the environment as it is."""
+
+from pathlib import Path
+
+import pytest
+
+from tasks.core import config, progress, settings
+from tasks.core.settings import SettingsError, current
+
+
+def test_defaults_where_nothing_is_set(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    found = current({})
+    assert found.store == config.DEFAULT_STORE == "var/store"
+    assert found.s3_max_attempts == 8 and found.s3_part_size == 8 * settings.MIB
+    assert found.model_cache == tmp_path / ".cache" / "hpd-pipeline" / "models"  # the home of now, not of import
+    assert found.alert_email == [] and found.aws_conn_id is None and found.default_min_stsb is None
+    assert found.search_service == "http://127.0.0.1:8765"
+
+
+def test_values_are_typed_and_an_empty_variable_is_unset():
+    found = current(
+        {
+            "HPD_DEFAULT_K": "64",
+            "HPD_DEFAULT_MIN_STSB": "0.7",
+            "HPD_MODEL_CACHE": "/models",
+            "HPD_ALERT_EMAIL": " a@example.com, ,b@example.com ",
+            "HPD_GPU_QUEUE": "",
+            "HPD_AWS_CONN_ID": "  ",
+            "HPD_SERVE_URL": "http://search:8765/",
+            "OTHER": "ignored",
+        }
+    )
+    assert found.default_k == 64 and found.default_min_stsb == 0.7 and found.model_cache == Path("/models")
+    assert found.alert_email == ["a@example.com", "b@example.com"]
+    assert found.gpu_queue == "default" and found.aws_conn_id is None
+    assert found.search_service == "http://search:8765"
+
+
+@pytest.mark.parametrize("off", ["", "off", " off "])
+def test_an_empty_or_off_service_url_turns_the_service_off(off):
+    assert current({"HPD_SERVE_URL": off}).search_service is None
+
+
+def test_every_wrong_variable_is_named_with_its_value():
+    with pytest.raises(SettingsError) as err:
+        current({"HPD_DEFAULT_K": "many", "HPD_LOG_EVERY_S": "-1", "HPD_ENCODE_POOL_SLOTS": "0", "HPD_STORE": "x"})
+    message = str(err.value)
+    assert "HPD_DEFAULT_K='many'" in message and "HPD_LOG_EVERY_S='-1'" in message
+    assert "HPD_ENCODE_POOL_SLOTS='0'" in message and "HPD_STORE" not in message
+
+
+def test_the_code_reads_the_environment_as_it_is_now(monkeypatch, tmp_path):
+    monkeypatch.setenv("HPD_LOG_EVERY_S", "2.5")
+    assert progress.default_every_s() == 2.5
+    monkeypatch.setenv("HPD_STORE", str(tmp_path / "there"))
+    assert config.default_store() == f"file://{tmp_path}/there"
+    monkeypatch.setenv("HPD_S3_MAX_ATTEMPTS", "nine")
+    with pytest.raises(config.ConfigError, match="HPD_S3_MAX_ATTEMPTS='nine'"):
+        config.default_store()  # a wrong setting is a configuration error of the stage that reads it
+
+
+def test_each_connection_is_named_by_a_setting():
+    for connection in settings.CONNECTIONS:
+        assert connection.setting in settings.Settings.model_fields
+    assert current({"HPD_SMTP_CONN_ID": "smtp_alerts"}).smtp_conn_id == "smtp_alerts"
