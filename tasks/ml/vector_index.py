@@ -2,8 +2,9 @@
 and loading the promoted one to search.
 
 The vectors are L2-normalised, so inner product is cosine similarity. An approximate index's search breadth
-(IVF ``nprobe``, HNSW ``efSearch``) is doubled until recall@10 against exact search, on a sample of the indexed
-vectors as queries (each one's own row left out), reaches the target or stops rising. The promoted index
+(IVF ``nprobe``, HNSW ``efSearch``) is doubled until recall@10 against exact search reaches the target, on
+queries held out of the index while it is tuned (the last rows; added afterwards), so the recall is that of
+queries it has not seen; with lossy codes, also until it stops rising. The promoted index
 (``indexes/current.json``) loads only with the id map and student it names, each checked against its build
 manifest's checksums and kept inside the store. The build-index stage (:mod:`tasks.stages.build_index`) and
 the search service (:mod:`tasks.serve`) both use this module.
@@ -27,6 +28,7 @@ from tasks.ml import segments, student
 from tasks.ml.hits import Hit
 
 QUERY_SAMPLE = 200
+HELD_OUT = 1000  # at most this many rows (a tenth of an index of 100 or more) are held out as queries while tuning
 MAX_EF_SEARCH = 1024  # the widest HNSW search tuning tries
 MIN_RECALL_GAIN = 0.005  # a doubled search breadth that recalls less than this more is undone, and tuning stops
 
@@ -53,6 +55,19 @@ def build(vectors: np.ndarray, factory: str, nprobe: int, k_factor: float = 16.0
     return index
 
 
+def build_tuned(vectors: np.ndarray, factory: str, nprobe: int, k_factor: float, ef_search: int, target: float):
+    """:func:`build` over ``vectors``, its search breadth tuned to ``target`` (:func:`tune_search`) and measured
+    (:func:`measure`) on the last rows held out of it (:data:`HELD_OUT`), which are added afterwards; an index
+    under 100 vectors is tuned on its own rows. (index, measures)."""
+    held = min(HELD_OUT, len(vectors) // 10) if len(vectors) >= 100 else 0
+    index = build(vectors[: len(vectors) - held], factory, nprobe, k_factor, ef_search)
+    sample = RecallSample.held_out(vectors, held) if held else RecallSample.of(vectors)
+    measured = {**tune_search(index, sample, target), **measure(index, sample)}
+    if held:
+        index.add(vectors[len(vectors) - held :])
+    return index, measured
+
+
 @dataclass(frozen=True)
 class RecallSample:
     """Queries drawn from the indexed vectors, and each one's exact ``k`` nearest neighbours (inner product)
@@ -72,6 +87,15 @@ class RecallSample:
         queries = np.ascontiguousarray(vectors[rows])
         _, truth = faiss.knn(queries, vectors, k + 1, faiss.METRIC_INNER_PRODUCT)
         return cls(queries, rows, _others(truth, rows, k), k)
+
+    @classmethod
+    def held_out(cls, vectors: np.ndarray, count: int, k: int = 10) -> RecallSample:
+        """The last ``count`` rows as queries, and their exact ``k`` nearest neighbours among the rows before."""
+        import faiss
+
+        queries = np.ascontiguousarray(vectors[len(vectors) - count :])
+        _, truth = faiss.knn(queries, vectors[: len(vectors) - count], k, faiss.METRIC_INNER_PRODUCT)
+        return cls(queries, np.full(count, -1), [[int(n) for n in row] for row in truth], k)
 
     def recall(self, index) -> float:
         """The share of the exact neighbours ``index`` finds."""
@@ -97,21 +121,30 @@ def _breadth_knob(index) -> tuple[str, Any, str, int] | None:
     return None if ivf is None else ("nprobe", ivf, "nprobe", int(ivf.nlist))
 
 
+def _lossless(index) -> bool:
+    """Whether ``index`` keeps the full vectors it compares (HNSW or IVF over flat codes): only the search
+    breadth bounds its recall."""
+    import faiss
+
+    return isinstance(index, faiss.IndexHNSWFlat | faiss.IndexIVFFlat)
+
+
 def tune_search(index, sample: RecallSample, target: float) -> dict[str, int]:
     """Double ``index``'s search breadth from its current value until ``sample`` reaches ``target`` recall, the
-    breadth its limit (every list; :data:`MAX_EF_SEARCH`), or a doubling gains less than :data:`MIN_RECALL_GAIN`
-    (undone: the codes, not the breadth, bound the recall then); the breadth kept: ``{"nprobe": n}`` or
-    ``{"ef_search": n}``, empty for an exact index."""
+    breadth its limit (every list; :data:`MAX_EF_SEARCH`), or, with lossy codes, a doubling gains less than
+    :data:`MIN_RECALL_GAIN` (undone: the codes, not the breadth, bound the recall then); the breadth kept:
+    ``{"nprobe": n}`` or ``{"ef_search": n}``, empty for an exact index."""
     knob = _breadth_knob(index)
     if knob is None:
         return {}
     name, owner, attribute, limit = knob
+    plateaus = not _lossless(index)
     recall = sample.recall(index)
     while recall < target and getattr(owner, attribute) < limit:
         before = getattr(owner, attribute)
         setattr(owner, attribute, min(2 * before, limit))
         widened = sample.recall(index)
-        if widened - recall < MIN_RECALL_GAIN:
+        if plateaus and widened - recall < MIN_RECALL_GAIN:
             setattr(owner, attribute, before)
             break
         recall = widened

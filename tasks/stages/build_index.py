@@ -9,14 +9,14 @@ segment, then merges segments by tiers, from their stored embeddings. A day's ne
 encoding; a new student (a new name, or a new version under one) encodes everything, once.
 
 Each segment's L2-normalised vectors go into a FAISS inner-product index (cosine similarity) of the type the
-config names, or one chosen by the segment's size: exact ``flat`` up to 100k vectors, ``hnsw`` up to 1M,
-``ivf_pq`` beyond (its candidates re-ranked on int8 codes unless ``refine`` says otherwise); ``ivf_flat`` on
-request; ``sq8`` stores int8 codes instead of float32. An approximate index's search breadth (IVF ``nprobe``,
-HNSW ``efSearch``) is doubled from its configured value until recall@10 against exact search, on a sample of
-the segment as queries (each one's own row left out), reaches ``target_recall`` or stops rising; the value
-found is saved in the index. A segment that recalls less than ``min_recall`` fails the run before anything is
-published. The manifest records, per segment built, its build time, bytes, search breadth, queries/s at batch
-1 and 64 and recall@10.
+config names, or one chosen by the segment's size: exact ``flat`` up to 100k vectors, ``hnsw`` up to 5M,
+``ivf_pq`` beyond (its candidates re-ranked on the full vectors unless ``refine`` says otherwise); ``ivf_flat``
+on request; ``sq8`` stores int8 codes instead of float32. An approximate index's search breadth (IVF
+``nprobe``, HNSW ``efSearch``) is doubled from its configured value until recall@10 against exact search
+reaches ``target_recall``, on the segment's last rows held out of it while it is tuned (then added), or, with
+lossy codes, stops rising; the value found is saved in the index. A segment that recalls less than
+``min_recall`` fails the run before anything is published. The manifest records, per segment built, its build
+time (tuning included), bytes, search breadth, queries/s at batch 1 and 64 and held-out recall@10.
 
 The segments, their table (``segments.json``) and embeddings are published under ``indexes/<name>/<run id>/``
 (a later build under the same name never touches them), then the manifest (listing every file of every
@@ -42,7 +42,7 @@ from tasks.core.catalog import Dataset, Pointer, Stage
 from tasks.core.progress import Progress, format_bytes, format_duration
 from tasks.ml import segments, student
 from tasks.ml.segments import Segment
-from tasks.ml.vector_index import IndexBuildError, RecallSample, build, measure, tune_search
+from tasks.ml.vector_index import IndexBuildError, build_tuned
 from tasks.stages.params import BuildIndexParams
 
 _REFINE = {"none": "", "sq8": ",Refine(SQ8)", "flat": ",RFlat"}  # factory suffix of each IVF-PQ re-rank
@@ -353,11 +353,10 @@ def _built_index(
     log.info("build_index %s: a %s index (%s) over %d vectors", key, index_type, factory, len(vectors))
     with stage_run.phase("build"):
         start = time.perf_counter()
-        index = build(vectors, factory, params.nprobe, params.refine_k_factor, params.hnsw_ef_search)
+        index, measured = build_tuned(
+            vectors, factory, params.nprobe, params.refine_k_factor, params.hnsw_ef_search, params.target_recall
+        )
         build_seconds = time.perf_counter() - start
-    with stage_run.phase("measure"):
-        sample = RecallSample.of(vectors)
-        measured = {**tune_search(index, sample, params.target_recall), **measure(index, sample)}
     body = faiss.serialize_index(index).tobytes()
     log.info(
         "build_index %s: built %s over %d vectors of dim %d in %s, %s; %s",
