@@ -35,12 +35,13 @@ def pytest_configure(config: pytest.Config) -> None:
 # The longest modules, in the order pytest-xdist hands them out first (``--dist loadfile``): the live Airflow
 # services and the Celery workers as one unit of work (one worker runs them one after the other: two Airflow stacks
 # at once starve each other of the two cores), then the DAG chain through ``airflow dags test`` on the other worker,
-# then the chaos test, the retrain decisions through Airflow and distillation's on the third. The rest fill in
-# around them.
+# then `make airflow`'s services (SQLite, the LocalExecutor), the chaos test, the retrain decisions through Airflow and
+# distillation's on the third. The rest fill in around them.
 LIVE_AIRFLOW = ("tests/dags/test_airflow_services.py", "tests/dags/test_celery_workers.py")
 LONGEST_FIRST = (
     *LIVE_AIRFLOW,
     "tests/dags/test_dag_runs.py",
+    "tests/dags/test_local_airflow.py",
     "tests/test_chaos.py",
     "tests/dags/test_retrain_decisions.py",
     "tests/stages/test_distill.py",
