@@ -134,8 +134,8 @@ class Settings(BaseModel):
     )
     tracking_uri: str | None = _var(
         section=TRACKING,
-        description="the MLflow tracking server or store distill and validate report to (http://..., sqlite:///..., "
-        "file:///...); unset: no tracking",
+        description="the MLflow tracking server or store distill and validate report to (http://... or "
+        "sqlite:///...; MLflow 3 takes file:///... only with MLFLOW_ALLOW_FILE_STORE=true); unset: no tracking",
     )
     tracking_experiment: str = _var("hpd-pipeline", section=TRACKING, description="the MLflow experiment of the runs")
     airflow_password: str | None = _var(

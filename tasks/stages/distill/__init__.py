@@ -7,7 +7,7 @@ sentence-transformers' trainer that owns the loop (:mod:`.st_trainer`) with the 
 (:mod:`.evaluation`) and callbacks (:mod:`.callbacks`), its optimisation (:mod:`.optimization`), the weights it
 keeps and blends (:mod:`.weights`, :mod:`.blending`), its log (:mod:`.run_log`), the processes
 (:mod:`.distributed`), checkpoints and the state they carry (:mod:`.checkpoints`, :mod:`.state`), the export
-with its model card (:mod:`.export`), and the stage that ties them to the store (:mod:`.stage`).
+(:mod:`.export`) with its model card (:mod:`.card`), and the stage that ties them to the store (:mod:`.stage`).
 
 Output: ``students/<name>/<fp12>/model/`` (a sentence-transformers folder with a model card),
 ``losses.jsonl`` and ``metrics.json``, with a manifest. A rerun with the same inputs and params
