@@ -21,9 +21,13 @@ from tasks.orchestration.dag_params import stage_param
 from tasks.orchestration.defaults import DEFAULT_ARGS, STORE_PARAM
 from tasks.stages.params import BuildIndexParams
 
+INDEX = "Index"
+
 
 @dag(
     dag_id="hpd_index",
+    dag_display_name="Index: keep search current",
+    description="Publish a new search index version (new partitions, or a new student) and promote it",
     schedule=(PROMOTED_MODEL | CORPUS_UPDATED),
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
@@ -34,10 +38,15 @@ from tasks.stages.params import BuildIndexParams
     params={
         "store": STORE_PARAM,
         "model_run": stage_param(
-            BuildIndexParams, "model_run", None, "empty: the triggering event's, else the promoted"
+            BuildIndexParams,
+            "model_run",
+            None,
+            "empty: the triggering event's, else the promoted",
+            title="Model run",
+            section=INDEX,
         ),
-        "index_type": stage_param(BuildIndexParams, "index_type"),
-        "sq8": stage_param(BuildIndexParams, "sq8"),
+        "index_type": stage_param(BuildIndexParams, "index_type", title="Index type", section=INDEX),
+        "sq8": stage_param(BuildIndexParams, "sq8", title="8-bit scalar quantisation", section=INDEX),
     },
 )
 def hpd_index():

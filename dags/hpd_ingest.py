@@ -22,6 +22,7 @@ from tasks.orchestration.arrival import WaitForSource
 from tasks.orchestration.assets import CORPUS_PARTITION, CORPUS_UPDATED
 from tasks.orchestration.dag_params import stage_param
 from tasks.orchestration.defaults import (
+    DATA,
     DEFAULT_ARGS,
     DEFAULT_SOURCE,
     DEFAULT_TEACHER,
@@ -31,9 +32,13 @@ from tasks.orchestration.defaults import (
 )
 from tasks.stages.params import AugmentParams, EncodeTeacherParams, StageCorpusParams
 
+AUGMENT, ENCODE = "Augmentation", "Teacher encoding"
+
 
 @dag(
     dag_id="hpd_ingest",
+    dag_display_name="Ingest: a day's corpus partition",
+    description="Wait for a day's raw data, stage, augment and encode it with the teacher, announce the partition",
     schedule="@daily",
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
@@ -42,22 +47,49 @@ from tasks.stages.params import AugmentParams, EncodeTeacherParams, StageCorpusP
     tags=["hpd", "ingest"],
     doc_md=__doc__,
     params={
-        "source": stage_param(StageCorpusParams, "source", DEFAULT_SOURCE, DEPLOYMENT),
+        "source": stage_param(
+            StageCorpusParams, "source", DEFAULT_SOURCE, DEPLOYMENT, title="Raw data source", section=DATA
+        ),
         "arrival_timeout_h": Param(
-            24.0, type="number", exclusiveMinimum=0, description="fail when no raw data arrives within this"
+            24.0,
+            type="number",
+            exclusiveMinimum=0,
+            description="fail when no raw data arrives within this",
+            title="Wait for the data (hours)",
+            section=DATA,
         ),
-        "column": stage_param(StageCorpusParams, "column", "sentence", "the vendored corpus's text column"),
-        "limit": stage_param(StageCorpusParams, "limit"),
+        "column": stage_param(
+            StageCorpusParams,
+            "column",
+            "sentence",
+            "the vendored corpus's text column",
+            title="Text column",
+            section=DATA,
+        ),
+        "limit": stage_param(StageCorpusParams, "limit", title="Most rows staged", section=DATA),
         "store": STORE_PARAM,
-        "augment_methods": stage_param(AugmentParams, "methods"),
+        "augment_methods": stage_param(AugmentParams, "methods", title="Augmentation methods", section=AUGMENT),
         "augment_fraction": stage_param(
-            AugmentParams, "fraction", 0.25, "a daily run augments a quarter of the new sentences"
+            AugmentParams,
+            "fraction",
+            0.25,
+            "a daily run augments a quarter of the new sentences",
+            title="Share of sentences augmented",
+            section=AUGMENT,
         ),
-        "translate_forward": stage_param(AugmentParams, "translate_forward"),
-        "translate_backward": stage_param(AugmentParams, "translate_backward"),
-        "teacher": stage_param(EncodeTeacherParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT),
-        "dtype": stage_param(EncodeTeacherParams, "dtype"),
-        "shard_groups": Param(2, type="integer", minimum=1, description="mapped encode tasks"),
+        "translate_forward": stage_param(
+            AugmentParams, "translate_forward", title="Back-translation: forward model", section=AUGMENT
+        ),
+        "translate_backward": stage_param(
+            AugmentParams, "translate_backward", title="Back-translation: backward model", section=AUGMENT
+        ),
+        "teacher": stage_param(
+            EncodeTeacherParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT, title="Teacher model(s)", section=ENCODE
+        ),
+        "dtype": stage_param(EncodeTeacherParams, "dtype", title="Embedding dtype", section=ENCODE),
+        "shard_groups": Param(
+            2, type="integer", minimum=1, description="mapped encode tasks", title="Encode tasks", section=ENCODE
+        ),
     },
 )
 def hpd_ingest():

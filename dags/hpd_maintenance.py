@@ -17,9 +17,13 @@ from tasks.orchestration.dag_params import stage_param
 from tasks.orchestration.defaults import DEFAULT_ARGS, STORE_PARAM
 from tasks.stages.params import GCParams
 
+GC = "Garbage collection"
+
 
 @dag(
     dag_id="hpd_maintenance",
+    dag_display_name="Maintenance: store garbage collection",
+    description="Delete the store's objects nothing references any longer, past the retention period",
     schedule="@daily",
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
@@ -29,8 +33,8 @@ from tasks.stages.params import GCParams
     doc_md=__doc__,
     params={
         "store": STORE_PARAM,
-        "retention_hours": stage_param(GCParams, "retention_hours"),
-        "dry_run": stage_param(GCParams, "dry_run"),
+        "retention_hours": stage_param(GCParams, "retention_hours", title="Retention (hours)", section=GC),
+        "dry_run": stage_param(GCParams, "dry_run", title="Dry run: only list", section=GC),
     },
 )
 def hpd_maintenance():

@@ -24,9 +24,13 @@ from tasks.orchestration.dag_params import stage_param
 from tasks.orchestration.defaults import DEFAULT_ARGS, DEFAULT_TEACHER, DEPLOYMENT, STORE_PARAM
 from tasks.stages.params import DriftParams, QualityParams
 
+CHECKS, DRIFT = "Checks", "Drift"
+
 
 @dag(
     dag_id="hpd_quality_report",
+    dag_display_name="Quality report: checks and drift of a partition",
+    description="Great-expectations checks of a partition, then its drift from the promoted model's training data",
     schedule=PartitionedAssetTimetable(assets=CORPUS_PARTITION),
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
@@ -35,9 +39,11 @@ from tasks.stages.params import DriftParams, QualityParams
     doc_md=__doc__,
     params={
         "store": STORE_PARAM,
-        "teacher": stage_param(QualityParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT),
-        "pca_name": stage_param(QualityParams, "pca_name"),
-        "drift_threshold": stage_param(DriftParams, "threshold"),
+        "teacher": stage_param(
+            QualityParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT, title="Teacher model(s)", section=CHECKS
+        ),
+        "pca_name": stage_param(QualityParams, "pca_name", title="PCA run to check", section=CHECKS),
+        "drift_threshold": stage_param(DriftParams, "threshold", title="Drift threshold", section=DRIFT),
     },
 )
 def hpd_quality_report():

@@ -16,11 +16,15 @@ workers' queue, or its executor, where the deployment has them; in a pod asking 
 KubernetesExecutor; CPU otherwise) once the great-expectations suites passed on every partition it learns from
 (sentences, teacher embeddings, projected targets: the quality stage `hpd_quality_report` runs; a failure
 fails the run before distilling), validate it (STS, fidelity, retrieval, quality gate, HTML report). A failed
-gate fails the run (red, with the reasons, scores and report in the log and the alert) and promotes nothing; a
-passing student becomes `models/current.json` and an `hpd_promoted_model` event (store, model run) schedules
-`hpd_index`.
+gate fails the run at once (red, with the reasons, scores and report in the log and the alert) and promotes
+nothing; a passing student becomes `models/current.json` and an `hpd_promoted_model` event (store, model run,
+scores, report) schedules `hpd_index`. Either way the `validate` task's **Validation report** link (its
+`validation_report` XCom) gives the report's URI in the store.
+Errors another try cannot mend (bad params, bad input, a failed check) fail their task on the first try;
+the others (the store unreachable, a lost race) are retried twice.
 The logic lives in `tasks/`; this file only wires it. Params come from the stages' own parameter
-models; where this DAG's default differs, the param's description says why.
+models, grouped in the trigger form as Data, Projection, Student and Quality gate; where this DAG's default
+differs, the param's description says why.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from airflow.sdk import dag, task
 from tasks.orchestration.assets import CORPUS_UPDATED, PROMOTED_MODEL
 from tasks.orchestration.dag_params import stage_param
 from tasks.orchestration.defaults import (
+    DATA,
     DEFAULT_ARGS,
     DEFAULT_K,
     DEFAULT_STUDENT,
@@ -38,7 +43,10 @@ from tasks.orchestration.defaults import (
     DEPLOYMENT,
     DISTILL_EXECUTOR,
     GPU_QUEUE,
+    PROJECTION,
     STORE_PARAM,
+    STUDENT,
+    ValidationReportLink,
     gate_param,
     gpu_executor_config,
 )
@@ -48,6 +56,8 @@ from tasks.stages.params import DistillParams, FitPCAParams
 
 @dag(
     dag_id="hpd_retrain",
+    dag_display_name="Retrain: projection, student, quality gate",
+    description="Decide whether new data is worth a retrain; fit the PCA, distil the student, validate, promote",
     schedule=[CORPUS_UPDATED],
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
@@ -56,35 +66,65 @@ from tasks.stages.params import DistillParams, FitPCAParams
     tags=["hpd", "retrain"],
     doc_md=__doc__,
     params={
+        # Data: what the run learns from, and whether it trains at all (the retrain policy).
         "store": STORE_PARAM,
-        "force": stage_param(RetrainParams, "force"),
-        "retrain_fraction": stage_param(RetrainParams, "retrain_fraction"),
-        "max_model_age_days": stage_param(RetrainParams, "max_model_age_days"),
-        "max_train_rows": stage_param(RetrainParams, "max_train_rows"),
-        "warm_start": stage_param(RetrainParams, "warm_start"),
-        "partitions": stage_param(FitPCAParams, "partitions"),
-        "teacher": stage_param(FitPCAParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT),
-        "k": stage_param(FitPCAParams, "k", DEFAULT_K, DEPLOYMENT),
-        "mode": stage_param(FitPCAParams, "mode"),
-        "max_rows": stage_param(FitPCAParams, "max_rows", 40000, "HPD fitted its PCA on 40k sentences"),
-        "student": stage_param(DistillParams, "student", DEFAULT_STUDENT, DEPLOYMENT),
-        "student_layers": stage_param(DistillParams, "student_layers"),
-        "epochs": stage_param(DistillParams, "epochs"),
-        "max_steps": stage_param(DistillParams, "max_steps"),
-        "batch_size": stage_param(DistillParams, "batch_size"),
-        "lr": stage_param(DistillParams, "lr"),
-        "amp": stage_param(DistillParams, "amp"),
-        "onnx": stage_param(DistillParams, "onnx", "int8", "the service encodes queries with the ONNX graph"),
-        "min_stsb": gate_param("min_stsb"),
-        "min_sickr": gate_param("min_sickr"),
-        "max_regression": gate_param("max_regression"),
+        "force": stage_param(RetrainParams, "force", title="Force a retrain", section=DATA),
+        "partitions": stage_param(FitPCAParams, "partitions", title="Partitions to learn from", section=DATA),
+        "retrain_fraction": stage_param(
+            RetrainParams, "retrain_fraction", title="New rows that warrant a retrain (share)", section=DATA
+        ),
+        "max_model_age_days": stage_param(
+            RetrainParams, "max_model_age_days", title="Largest model age (days)", section=DATA
+        ),
+        "max_train_rows": stage_param(RetrainParams, "max_train_rows", title="Rows to learn from", section=DATA),
+        # Projection: the teacher and its PCA.
+        "teacher": stage_param(
+            FitPCAParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT, title="Teacher model(s)", section=PROJECTION
+        ),
+        "k": stage_param(FitPCAParams, "k", DEFAULT_K, DEPLOYMENT, title="Projected dimension k", section=PROJECTION),
+        "mode": stage_param(FitPCAParams, "mode", title="Projection mode", section=PROJECTION),
+        "max_rows": stage_param(
+            FitPCAParams,
+            "max_rows",
+            40000,
+            "HPD fitted its PCA on 40k sentences",
+            title="Rows the PCA is fitted on",
+            section=PROJECTION,
+        ),
+        # Student: the model distilled and how it trains.
+        "student": stage_param(
+            DistillParams, "student", DEFAULT_STUDENT, DEPLOYMENT, title="Student base model", section=STUDENT
+        ),
+        "student_layers": stage_param(DistillParams, "student_layers", title="Student layers", section=STUDENT),
+        "warm_start": stage_param(
+            RetrainParams, "warm_start", title="Start from the promoted student", section=STUDENT
+        ),
+        "epochs": stage_param(DistillParams, "epochs", title="Epochs", section=STUDENT),
+        "max_steps": stage_param(DistillParams, "max_steps", title="Most optimizer steps", section=STUDENT),
+        "batch_size": stage_param(DistillParams, "batch_size", title="Batch size", section=STUDENT),
+        "lr": stage_param(DistillParams, "lr", title="Learning rate", section=STUDENT),
+        "amp": stage_param(DistillParams, "amp", title="Mixed precision", section=STUDENT),
+        "onnx": stage_param(
+            DistillParams,
+            "onnx",
+            "int8",
+            "the service encodes queries with the ONNX graph",
+            title="ONNX export",
+            section=STUDENT,
+        ),
         "name": stage_param(
             DistillParams,
             "name",
             None,
             "empty: the Airflow run id names the model run; a rerun "
             "with the same name and params skips the finished stages",
+            title="Model run name",
+            section=STUDENT,
         ),
+        # Quality gate: what a student must score to be promoted.
+        "min_stsb": gate_param("min_stsb"),
+        "min_sickr": gate_param("min_sickr"),
+        "max_regression": gate_param("max_regression"),
     },
 )
 def hpd_retrain():
@@ -140,7 +180,9 @@ def hpd_retrain():
     checked = check_quality.partial(pca_name=pca_name).expand(day=training_partitions(pca_name))
     model_run = distill(pca_name)
     checked >> model_run
-    announce_promotion(model_run, validate(model_run))
+    verdict = validate(model_run)
+    verdict.operator.operator_extra_links = [ValidationReportLink()]  # its report, the gate passed or not
+    announce_promotion(model_run, verdict)
 
 
 hpd_retrain()

@@ -4,7 +4,8 @@ One source for each setting: a DAG param takes its type, bounds, choices, patter
 default from the stage field it feeds. A DAG may choose another default (a deployment default, a
 sample size for the demo ...); :func:`stage_param` then requires the reason, and states it and the
 stage's own default in the param's description. The field a param feeds is recorded in its schema
-under ``x-hpd-field`` (JSON Schema ignores unknown keywords), so a test can hold every DAG to it.
+under ``x-hpd-field`` (JSON Schema ignores unknown keywords), so a test can hold every DAG to it. Each param
+also carries the ``title`` and ``section`` Airflow's trigger form shows it under.
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def field_schema(model: type[BaseModel], name: str) -> dict[str, Any]:
     return schema
 
 
-def stage_param(model: type[BaseModel], name: str, default: Any = _UNSET, why: str = "") -> Any:
-    """The ``Param`` for field ``name`` of ``model``. ``default`` overrides the stage's default (or gives
-    one to a required field) and then needs ``why``."""
+def stage_param(
+    model: type[BaseModel], name: str, default: Any = _UNSET, why: str = "", *, title: str, section: str
+) -> Any:
+    """The ``Param`` for field ``name`` of ``model``, shown as ``title`` in the trigger form's ``section``.
+    ``default`` overrides the stage's default (or gives one to a required field) and then needs ``why``."""
     from airflow.sdk import Param
 
     schema = field_schema(model, name)
@@ -70,6 +73,8 @@ def stage_param(model: type[BaseModel], name: str, default: Any = _UNSET, why: s
     return Param(
         None if default is _UNSET else default,
         description=description or None,
+        title=title,
+        section=section,
         **{**kept, FIELD_KEY: f"{model.__name__}.{name}"},
     )
 

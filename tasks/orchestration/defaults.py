@@ -1,43 +1,136 @@
 """Defaults shared by the DAG files; imports little beyond the Task SDK, so DAG files parse fast."""
 
-import os
 from datetime import timedelta
 from typing import Any
 
+from airflow.sdk import BaseOperatorLink, RetryDecision, RetryPolicy
+
+from tasks.core import settings
 from tasks.core.config import StageParams
 from tasks.orchestration.alerts import failure_notifiers
 from tasks.orchestration.dag_params import stage_param
 from tasks.orchestration.openlineage import forget_earlier_tasks
 
+# Errors another try cannot mend, by class (a subclass inherits its class's kind; the nearest class listed decides):
+# bad params, bad input, a failed check, a stored object that is not what its manifest records.
+PERMANENT_ERRORS = frozenset(
+    {
+        "pydantic_core._pydantic_core.ValidationError",
+        "tasks.core.catalog.PointerError",
+        "tasks.core.config.ConfigError",
+        "tasks.core.contracts.ContractError",
+        "tasks.core.finite.NonFiniteError",
+        "tasks.core.lineage.LineageError",
+        "tasks.core.manifest.ManifestError",
+        "tasks.core.settings.SettingsError",
+        "tasks.core.sources.CorpusInputError",
+        "tasks.core.stage_records.RecordError",
+        "tasks.core.storage.objects.IntegrityError",
+        "tasks.ml.models.ModelError",
+        "tasks.ml.projection.PCAError",
+        "tasks.ml.segments.SegmentTableError",
+        "tasks.ml.student.StudentError",
+        "tasks.ml.sts.STSDataError",
+        "tasks.ml.vector_index.IndexBuildError",
+        "tasks.ml.wordnet.WordNetMissing",
+        "tasks.stages.augment.AugmentError",
+        "tasks.stages.data_docs.DataDocsError",
+        "tasks.stages.distill.checkpoints.CheckpointError",
+        "tasks.stages.distill.data.DistillDataError",
+        "tasks.stages.distill.errors.DistillError",
+        "tasks.stages.encode_teacher.EncodeError",
+        "tasks.stages.profiles.DriftError",
+        "tasks.stages.quality.QualityError",
+        "tasks.stages.validate.errors.ValidateError",
+    }
+)
+# Errors the next try may not meet: the store unreachable, throttled or failing (S3 5xx: botocore's own retries
+# spent), a write or pointer move that lost a race, the ID hasher's helper process gone.
+TRANSIENT_ERRORS = frozenset(
+    {
+        "tasks.core.catalog.PointerMoved",
+        "tasks.core.uris.StorageError",
+        "tasks.stages.build_index.PromotionConflict",
+        "tasks.stages.stage_corpus.id_hasher.HasherError",
+    }
+)
+
+
+def error_kind(error: BaseException) -> str | None:
+    """``"permanent"``, ``"transient"`` or None (not classified) for ``error``: its nearest class listed in
+    :data:`PERMANENT_ERRORS` or :data:`TRANSIENT_ERRORS`."""
+    for cls in type(error).__mro__:
+        name = f"{cls.__module__}.{cls.__qualname__}"
+        if name in PERMANENT_ERRORS:
+            return "permanent"
+        if name in TRANSIENT_ERRORS:
+            return "transient"
+    return None
+
+
+class FailPermanentErrors(RetryPolicy):
+    """Every task's retry policy: a permanent error fails the task on this try; a transient one, or one not
+    classified, is retried up to the task's ``retries``. (A failed quality gate and a sensor's timeout raise
+    Airflow's own fail-at-once exceptions.)"""
+
+    def evaluate(self, exception: BaseException, try_number: int, max_tries: int, context: Any = None) -> Any:
+        kind = error_kind(exception)
+        if kind == "permanent":
+            return RetryDecision.fail(f"{type(exception).__name__} is permanent: another try would fail alike")
+        if kind == "transient":
+            return RetryDecision.retry(reason=f"{type(exception).__name__} is transient")
+        return RetryDecision.default()
+
+
 DEFAULT_ARGS = {
     "retries": 2,
     "retry_delay": timedelta(seconds=30),
     "retry_exponential_backoff": True,
+    "retry_policy": FailPermanentErrors(),
     "on_failure_callback": failure_notifiers(),
     "on_execute_callback": forget_earlier_tasks,  # each task reports only its own lineage (openlineage.py)
 }
 
+_SETTINGS = settings.current()  # read as the DAG files are parsed
 # Deployment-level defaults of the DAGs' params (a run's conf still overrides them).
-DEFAULT_SOURCE = os.environ.get("HPD_DEFAULT_SOURCE", "data/corpus/sentences.tsv.gz")
-DEFAULT_TEACHER = os.environ.get("HPD_DEFAULT_TEACHER", "all-mpnet-base-v2+all-MiniLM-L6-v2")  # a composite teacher
-DEFAULT_STUDENT = os.environ.get("HPD_DEFAULT_STUDENT", "all-MiniLM-L6-v2")
-DEFAULT_K = int(os.environ.get("HPD_DEFAULT_K", "128"))
+DEFAULT_SOURCE = _SETTINGS.default_source
+DEFAULT_TEACHER = _SETTINGS.default_teacher  # a composite teacher
+DEFAULT_STUDENT = _SETTINGS.default_student
+DEFAULT_K = _SETTINGS.default_k
 DEPLOYMENT = "the deployment's default (HPD_DEFAULT_* variables)"
 # Where the distillation task runs: the Celery queue of the GPU workers, where the deployment has them.
-GPU_QUEUE = os.environ.get("HPD_GPU_QUEUE", "default")
+GPU_QUEUE = _SETTINGS.gpu_queue
 # The executor that runs the distillation task where the deployment configures several
 # (`[core] executor = KubernetesExecutor,CeleryExecutor`): e.g. CeleryExecutor, whose workers on the GPU queue
 # take it. Empty: the default executor (the first one listed). It must be one of the configured executors,
 # else the DAG fails to import.
-DISTILL_EXECUTOR = os.environ.get("HPD_DISTILL_EXECUTOR") or None
+DISTILL_EXECUTOR = _SETTINGS.distill_executor
 # The Airflow pool the teacher-encoding tasks take a slot of, bounding how many run at once across all
 # hpd_ingest runs and backfills. Deployments create it (`airflow pools set NAME SLOTS DESCRIPTION`, with
 # ENCODE_POOL_SLOTS; docker/compose.yaml and infra/helm do): tasks of a pool that does not exist are
 # never scheduled.
-ENCODE_POOL = os.environ.get("HPD_ENCODE_POOL", "hpd_teacher_encode")
-ENCODE_POOL_SLOTS = int(os.environ.get("HPD_ENCODE_POOL_SLOTS", "4"))
+ENCODE_POOL = _SETTINGS.encode_pool
+ENCODE_POOL_SLOTS = _SETTINGS.encode_pool_slots
 ENCODE_POOL_DESCRIPTION = "hpd_ingest teacher encodings running at once (each uses a worker's cores or its GPU)"
-STORE_PARAM = stage_param(StageParams, "store", None, "empty: $HPD_STORE, else ./var/store")
+# The sections of the trigger forms (Param ``section``).
+DATA, PROJECTION, STUDENT, GATE = "Data", "Projection", "Student", "Quality gate"
+STORE_PARAM = stage_param(
+    StageParams, "store", None, "empty: $HPD_STORE, else ./var/store", title="Store", section=DATA
+)
+# The XCom key of the validation report's URI, pushed by hpd_retrain's validate task, and the link to it.
+REPORT_XCOM = "validation_report"
+
+
+class ValidationReportLink(BaseOperatorLink):
+    """The ``Validation report`` button of a task that pushes its report's URI as XCom :data:`REPORT_XCOM`."""
+
+    name = "Validation report"
+    xcom_key = REPORT_XCOM
+
+    def get_link(self, operator: Any, *, ti_key: Any) -> str:
+        from airflow.sdk.execution_time.xcom import XCom
+
+        return XCom.get_value(ti_key=ti_key, key=REPORT_XCOM) or ""
 
 
 def gpu_executor_config() -> dict:
@@ -47,7 +140,8 @@ def gpu_executor_config() -> dict:
     mounts one (infra/helm). Other executors ignore it."""
     from kubernetes.client import models as k8s
 
-    gpus = os.environ.get("HPD_GPU_COUNT", "1")
+    hpd = settings.current()
+    gpus = str(hpd.gpu_count)
     resources = k8s.V1ResourceRequirements(
         requests={"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": gpus},
         limits={"memory": "64Gi", "nvidia.com/gpu": gpus},
@@ -58,7 +152,7 @@ def gpu_executor_config() -> dict:
             tolerations=[k8s.V1Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
         )
     )
-    template = os.environ.get("HPD_GPU_POD_TEMPLATE")
+    template = hpd.gpu_pod_template
     return {"pod_override": pod, **({"pod_template_file": template} if template else {})}
 
 
@@ -67,7 +161,15 @@ def gate_param(name: str) -> Any:
     (``HPD_DEFAULT_MIN_STSB`` ...) where it sets one, else the validate stage's default."""
     from tasks.stages.params import ValidateParams
 
-    value = os.environ.get(f"HPD_DEFAULT_{name.upper()}")
-    if not value:
-        return stage_param(ValidateParams, name)
-    return stage_param(ValidateParams, name, float(value), DEPLOYMENT)
+    shown = {"title": _GATE_TITLES[name], "section": GATE}
+    value = getattr(settings.current(), f"default_{name}")
+    if value is None:
+        return stage_param(ValidateParams, name, **shown)
+    return stage_param(ValidateParams, name, value, DEPLOYMENT, **shown)
+
+
+_GATE_TITLES = {
+    "min_stsb": "Minimum STS-B score",
+    "min_sickr": "Minimum SICK-R score",
+    "max_regression": "Largest regression allowed",
+}

@@ -15,6 +15,7 @@ from tasks.core.config import StageParams
 from tasks.core.manifest import StageResult
 from tasks.core.stage_records import ValidateStats
 from tasks.orchestration import assets
+from tasks.orchestration.defaults import REPORT_XCOM
 from tasks.orchestration.run_records import (
     DagParams,
     DriftResult,
@@ -239,10 +240,19 @@ def warm_start_for(params: dict, name: str) -> str | None:
 
 
 def validate(context: dict, model_run: str) -> dict[str, Any]:
-    """The validate stage on ``model_run`` with the run's gate params; its verdict (a failed gate raises)."""
+    """The validate stage on ``model_run`` with the run's gate params; its verdict (a failed gate raises). Passed or
+    not, the report's URI is logged and pushed as XCom ``validation_report``: the task's ``Validation report`` link."""
     params = run_params(context)
     values = {"model_run": model_run, **pick(params, "min_stsb", "min_sickr", "max_regression")}
-    return gate_verdict(run_stage(Stage.VALIDATE, stage_params(Stage.VALIDATE, values, params))).model_dump()
+    result = run_stage(Stage.VALIDATE, stage_params(Stage.VALIDATE, values, params))
+    context["ti"].xcom_push(key=REPORT_XCOM, value=report_uri(result))
+    log.info("validation report of %s: %s", model_run, report_uri(result))
+    return gate_verdict(result).model_dump()
+
+
+def report_uri(result: StageResult) -> str | None:
+    """The URI of a validate run's HTML report (None: it wrote none)."""
+    return next((o.uri for o in result.outputs if o.uri.endswith("report.html")), None)
 
 
 def partition_drift(context: dict) -> dict[str, Any]:
@@ -307,7 +317,7 @@ def gate_verdict(result: StageResult) -> Verdict:
     """The validate stage's decision with the report's URI; :class:`QualityGateFailed` (its reasons, the
     student's scores against the reference and the report) when the gate failed."""
     stats = ValidateStats.parse(result.stats, f"the stats of {result.manifest_uri}")
-    gate, report = stats.gate, next((o.uri for o in result.outputs if o.uri.endswith("report.html")), None)
+    gate, report = stats.gate, report_uri(result)
     scores = stats.sts.student
     if not gate.passed:
         raise QualityGateFailed(

@@ -1,4 +1,6 @@
-"""Every DAG file imports cleanly and fast, and every DAG carries docs, tags and retries."""
+"""Every DAG file imports cleanly and fast (what `airflow dags list-import-errors` would list is empty), and every
+DAG carries docs, tags, a display name, a description, retries with the retry policy, and params the trigger form
+shows with a title, a description and a section."""
 
 import time
 
@@ -20,12 +22,67 @@ def test_no_import_errors(dagbag):
     assert set(dagbag.dag_ids) == {"hpd_ingest", "hpd_retrain", "hpd_index", "hpd_quality_report", "hpd_maintenance"}
 
 
-def test_every_dag_has_docs_tags_and_retries(dagbag):
+def test_every_dag_has_docs_tags_a_display_name_and_retries_under_the_policy(dagbag):
+    from tasks.orchestration.defaults import FailPermanentErrors
+
     for dag_id, dag in dagbag.dags.items():
         assert dag.doc_md and len(dag.doc_md) > 100, dag_id
         assert "hpd" in dag.tags, dag_id
+        assert dag.dag_display_name and dag.dag_display_name != dag_id, dag_id
+        assert dag.description and len(dag.description) > 30, dag_id
         for task in dag.tasks:
             assert task.retries >= 1, f"{dag_id}.{task.task_id}"
+            assert isinstance(task.retry_policy, FailPermanentErrors), f"{dag_id}.{task.task_id}"
+
+
+def param_form_problems(dag) -> list[str]:
+    """The params of ``dag`` the trigger form would show without a title, a description or a section."""
+    problems = []
+    for name in dag.params:
+        param = dag.params.get_param(name)
+        shown = {
+            "title": param.schema.get("title"),
+            "description": param.description,
+            "section": param.schema.get("section"),
+        }
+        problems += [
+            f"{dag.dag_id}.{name}: no {key}" for key, value in shown.items() if not (value and str(value).strip())
+        ]
+    return problems
+
+
+def test_every_param_has_a_title_a_description_and_a_section(dagbag):
+    assert [p for dag in dagbag.dags.values() for p in param_form_problems(dag)] == []
+
+
+def test_the_check_flags_a_param_without_a_title_or_section():
+    from airflow.sdk import DAG, Param
+
+    dag = DAG("d", params={"a": Param(1, description="one", title="A", section="S"), "b": Param(2, description="two")})
+    assert param_form_problems(dag) == ["d.b: no title", "d.b: no section"]
+
+
+def test_retrain_params_are_grouped_data_projection_student_gate(dagbag):
+    params = dagbag.dags["hpd_retrain"].params
+    sections = [params.get_param(name).schema["section"] for name in params]
+    assert list(dict.fromkeys(sections)) == ["Data", "Projection", "Student", "Quality gate"]
+    assert sections == sorted(sections, key=["Data", "Projection", "Student", "Quality gate"].index)  # one block each
+    assert {name for name in params if params.get_param(name).schema["section"] == "Quality gate"} == {
+        "min_stsb",
+        "min_sickr",
+        "max_regression",
+    }
+
+
+def test_the_validate_task_links_its_report_through_serialization(dagbag):
+    """The ``Validation report`` extra link survives DAG serialization as the XCom key the UI reads it from."""
+    from airflow.serialization.serialized_objects import DagSerialization
+
+    serialized = DagSerialization.to_dict(dagbag.dags["hpd_retrain"])
+    (validate,) = [t for t in serialized["dag"]["tasks"] if t["__var"]["task_id"] == "validate"]
+    assert validate["__var"]["_operator_extra_links"] == {"Validation report": "validation_report"}
+    restored = DagSerialization.from_dict(serialized).get_task("validate")
+    assert [link.name for link in restored.operator_extra_links] == ["Validation report"]
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.name for f in FILES])
@@ -64,7 +121,8 @@ def test_distill_task_pod_asks_for_a_gpu(dagbag, monkeypatch):
     override = PodGenerator.from_obj(serialized.get_task("distill").executor_config)
     template = PodGenerator.deserialize_model_file(str(INFRA / "helm/gpu-pod-template.yaml"))
     (container,) = PodGenerator.reconcile_pods(template, override).spec.containers
-    assert container.name == "base" and container.image == "hpd-pipeline/worker-gpu:latest"
+    assert container.name == "base" and container.image == template.spec.containers[0].image
+    assert container.image.startswith("hpd-pipeline/worker-gpu:") and not container.image.endswith(":latest")
     assert container.resources.limits["nvidia.com/gpu"] == "1" and container.resources.requests["nvidia.com/gpu"] == "1"
     assert [t.key for t in PodGenerator.reconcile_pods(template, override).spec.tolerations] == ["nvidia.com/gpu"]
 

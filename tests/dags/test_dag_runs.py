@@ -65,6 +65,7 @@ def test_demo_chain_runs_every_dag_reports_lineage_and_reruns_idempotently(input
     where = demo.locations(store_root)
     assert where["model run"] == "demo-student"
     assert all(storage.exists(where[key]) for key in ("validation report", "index"))
+    assert _validate_xcoms(plan.airflow_home)["validation_report"] == where["validation report"]  # its link's URL
     assert storage.exists(storage.join(where["model (sentence-transformers folder)"], "modules.json"))
     assert vector_index.search(store_root, "a sentence", 2)
     assert manifest.read(store_root, Stage.QUALITY, catalog.partition_key(DAY)).stats["passed"] is True
@@ -75,6 +76,18 @@ def test_demo_chain_runs_every_dag_reports_lineage_and_reruns_idempotently(input
 
     if store_root.startswith("file://"):
         _assert_a_rerun_rewrites_no_manifest(plan)
+
+
+def _validate_xcoms(airflow_home) -> dict[str, object]:
+    """The XComs of ``hpd_retrain``'s validate task in its last run, by key (from the demo's metadata database)."""
+    import sqlite3
+
+    with sqlite3.connect(airflow_home / "airflow.db") as db:
+        rows = db.execute(
+            "SELECT key, value FROM xcom WHERE dag_id = 'hpd_retrain' AND task_id = 'validate' "
+            "AND run_id = (SELECT run_id FROM dag_run WHERE dag_id = 'hpd_retrain' ORDER BY id DESC LIMIT 1)"
+        ).fetchall()
+    return {key: json.loads(value) for key, value in rows}
 
 
 def _assert_a_rerun_rewrites_no_manifest(plan) -> None:

@@ -21,8 +21,9 @@ from tests.support.paths import DAGS
 # Params that only steer the orchestration (no stage field behind them), by DAG.
 ORCHESTRATION_ONLY = {("hpd_ingest", "shard_groups"), ("hpd_ingest", "arrival_timeout_h")}
 # What a DAG param does not take from its field's schema (its default and description are checked apart).
-NOT_COMPARED = {"type", "title", "description", "default", FIELD_KEY}
+NOT_COMPARED = {"type", "title", "section", "description", "default", FIELD_KEY}
 _MISSING = object()
+SHOWN = {"title": "A title", "section": "A section"}
 _OVERRIDE = re.compile(r"DAG default (?P<dag>.+?) \(stage default (?P<stage>.+?)\): (?P<why>\S.*)$", re.S)
 
 
@@ -189,31 +190,32 @@ def test_checker_wants_a_reason_for_another_default():
 # -- stage_param ------------------------------------------------------------------------------------------
 def test_stage_param_needs_a_reason_for_another_default():
     with pytest.raises(ValueError, match=r"StageCorpusParams\.column"):
-        stage_param(StageCorpusParams, "column", "sentence")
+        stage_param(StageCorpusParams, "column", "sentence", **SHOWN)
     with pytest.raises(ValueError, match="required"):
-        stage_param(StageCorpusParams, "source", "data/corpus")
+        stage_param(StageCorpusParams, "source", "data/corpus", **SHOWN)
     with pytest.raises(ValueError):
-        stage_param(DistillParams, "epochs", 3, why="")
+        stage_param(DistillParams, "epochs", 3, why="", **SHOWN)
 
 
 def test_stage_param_keeps_the_stage_default_without_a_reason():
-    param = stage_param(DistillParams, "epochs", 5)
+    param = stage_param(DistillParams, "epochs", 5, **SHOWN)
     assert param.value == 5 and param.schema[FIELD_KEY] == "DistillParams.epochs"
+    assert param.schema["title"] == "A title" and param.schema["section"] == "A section"
     assert "stage default" not in (param.description or "")
-    plain = stage_param(StageCorpusParams, "column")
+    plain = stage_param(StageCorpusParams, "column", **SHOWN)
     assert plain.value == "text" and plain.description == "text field (JSONL) or column (CSV/TSV/Parquet)"
     assert plain.schema["minLength"] == 1
 
 
 def test_stage_param_description_states_the_stage_default_and_why():
-    param = stage_param(StageCorpusParams, "column", "sentence", "the corpus's column")
+    param = stage_param(StageCorpusParams, "column", "sentence", "the corpus's column", **SHOWN)
     assert param.value == "sentence"
     assert param.description == (
         "text field (JSONL) or column (CSV/TSV/Parquet). "
         "DAG default 'sentence' (stage default 'text'): the corpus's column"
     )
-    required = stage_param(StageCorpusParams, "source", "data/x.tsv", "the demo's corpus")
+    required = stage_param(StageCorpusParams, "source", "data/x.tsv", "the demo's corpus", **SHOWN)
     assert "(stage default none: required): the demo's corpus" in required.description
-    computed = stage_param(StageParams, "store", None, "empty: $HPD_STORE")
+    computed = stage_param(StageParams, "store", None, "empty: $HPD_STORE", **SHOWN)
     assert "(stage default computed when the stage runs): empty: $HPD_STORE" in computed.description
     assert computed.value is None and sorted(computed.schema["type"]) == ["null", "string"]
