@@ -1,8 +1,9 @@
 """Failure alerts: Airflow's SMTP notifier, on every task that fails for good (after its retries; a failed
-quality gate fails at once), with the DAG, run, task, the error (a gate's reasons, scores and report URI) and
-the log's address. Configured by the deployment: ``HPD_ALERT_EMAIL`` (recipients, comma-separated; unset: no
-alerts), ``HPD_ALERT_FROM`` (else the connection's from address) and the SMTP connection ``HPD_SMTP_CONN_ID``
-(default ``smtp_default``, e.g. from ``AIRFLOW_CONN_SMTP_DEFAULT``)."""
+quality gate and the other permanent errors fail at once: ``defaults.FailPermanentErrors``), with the DAG, run,
+task, the try it failed on, the error (a gate's reasons, scores and report URI) and the log's address.
+Configured by the deployment: ``HPD_ALERT_EMAIL`` (recipients, comma-separated; unset: no alerts),
+``HPD_ALERT_FROM`` (else the connection's from address) and the SMTP connection ``HPD_SMTP_CONN_ID`` (default
+``smtp_default``, e.g. from ``AIRFLOW_CONN_SMTP_DEFAULT``)."""
 
 from __future__ import annotations
 

@@ -218,6 +218,7 @@ def test_a_failed_gate_is_a_red_run_with_one_alert_and_no_promotion(services, si
     assert alert["To"] == "ml-oncall@example.com" and alert["From"] == "hpd-airflow@example.com"
     assert "hpd_retrain.validate failed" in alert["Subject"] and run_id in alert["Subject"]
     body = body_text(alert)
+    assert "failed on try 1." in body  # a failed gate is not retried
     assert "quality gate failed" in body and "STS-B test" in body and "below the minimum 99.00" in body
     assert "Nothing was promoted" in body and "/validation/" in body and "report.html" in body
 
