@@ -73,7 +73,7 @@ class FailPermanentErrors(RetryPolicy):
     classified, is retried up to the task's ``retries``. (A failed quality gate and a sensor's timeout raise
     Airflow's own fail-at-once exceptions.)"""
 
-    def evaluate(self, exception: BaseException, try_number: int, max_tries: int, context: Any = None) -> Any:
+    def evaluate(self, exception: BaseException, try_number: int, max_tries: int, context: Any = None) -> RetryDecision:
         kind = error_kind(exception)
         if kind == "permanent":
             return RetryDecision.fail(f"{type(exception).__name__} is permanent: another try would fail alike")
