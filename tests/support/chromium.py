@@ -42,6 +42,7 @@ class PageLoad:
     errors: list[str] = field(default_factory=list)  # uncaught exceptions and console errors
     finished: set[str] = field(default_factory=set)
     text: str = ""  # the rendered page's text (document.body.innerText) once it has settled
+    links: list[str] = field(default_factory=list)  # the settled page's link targets (absolute URLs)
 
     def note(self, event: dict[str, Any]) -> None:
         method, params = event.get("method"), event.get("params", {})
@@ -152,8 +153,9 @@ def _record(pipe: _Pipe, url: str, timeout: float, visit: Visit) -> PageLoad:
         pipe.call("Network.setCookie", session, name=name, value=value, url=url)
     pipe.send("Page.navigate", session, url=url)
     page = _settle(pipe, session, url, timeout)
-    script = pipe.call("Runtime.evaluate", session, expression="document.body.innerText", returnByValue=True)
-    page.text = script["result"].get("value", "")
+    read = "[document.body.innerText, Array.from(document.querySelectorAll('a[href]'), a => a.href)]"
+    rendered = pipe.call("Runtime.evaluate", session, expression=read, returnByValue=True)["result"]
+    page.text, page.links = rendered["value"]
     if visit.screenshot is not None:
         visit.screenshot.write_bytes(base64.b64decode(pipe.call("Page.captureScreenshot", session)["data"]))
     return page
