@@ -69,8 +69,8 @@ airflow: venv
 # a module at a time on each, the longest first (tests/conftest.py). TEST_WORKERS=0 runs it in one process.
 TEST_WORKERS ?= 3
 PYTEST_PARALLEL := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS))
-# The quick tier: tests that need no model, no live service and no S3 endpoint.
-UNIT := not (models or services or s3 or slow or celery)
+# The quick tier: tests that need no model, no live service, no S3 endpoint and run no DAG.
+UNIT := not (models or services or s3 or slow or celery or dags)
 
 test: test-tools
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL) --durations=30

@@ -44,6 +44,7 @@ LONGEST_FIRST = (
     "tests/dags/test_local_airflow.py",
     "tests/test_chaos.py",
     "tests/dags/test_retrain_decisions.py",
+    "tests/dags/test_task_failures.py",
     "tests/stages/test_distill.py",
 )
 

@@ -1,4 +1,4 @@
-"""The quick tier (``make check``: ``-m "not (models or services or s3 or slow or celery)"``) holds no
+"""The quick tier (``make check``: ``-m "not (models or services or s3 or slow or celery or dags)"``) holds no
 test that builds a model or starts a live service: a test module that imports a model builder carries the
 ``models`` mark, and a test that uses a live-service harness the ``services`` mark (its module's or its own)."""
 

@@ -12,7 +12,7 @@ from tasks.core.catalog import Stage
 from tests.support.paths import REPO as ROOT
 from tests.support.tiny_models import build_sentence_model
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.dags]
 
 DAY = date(2026, 11, 3)
 

@@ -15,7 +15,7 @@ from tasks.core.catalog import Stage
 from tasks.stages import drift
 from tests.support.policy_store import NEW, promoted_store, stage_new_partition
 
-pytestmark = pytest.mark.models
+pytestmark = [pytest.mark.models, pytest.mark.dags]
 
 TRAINING_TASKS = ("fit_pca", "training_partitions", "check_quality", "distill", "validate", "announce_promotion")
 

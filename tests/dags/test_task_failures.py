@@ -17,6 +17,8 @@ import pytest
 from tasks import demo
 from tests.support.paths import DAGS, REPO
 
+pytestmark = pytest.mark.dags
+
 BAD_INPUT, UNREACHABLE = date(2026, 11, 3), date(2026, 11, 4)
 
 
