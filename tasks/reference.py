@@ -112,7 +112,12 @@ def cli_page() -> str:
     parser = cli.build_parser()
     lines = _header("Command line: `hpd`", "the `hpd` parser (tasks/cli.py)")
     lines += [_cell(parser.description), "", f"```\n{' '.join(parser.format_usage().split())}\n```", ""]
-    lines += [*_options_table(parser, None, top=True), "", f"Every command also takes `{EVERYWHERE}` and `-h`, `--help`.", ""]
+    lines += [
+        *_options_table(parser, None, top=True),
+        "",
+        f"Every command also takes `{EVERYWHERE}` and `-h`, `--help`.",
+        "",
+    ]
     lines += ["| command | what it does |", "|---|---|"]
     commands = _subparsers(parser)
     lines += [f"| [`hpd {name}`](#hpd-{name}) | {_cell(sub.description)} |" for name, sub in commands.items()]
