@@ -186,11 +186,12 @@ def rest_call(url: str, method: str, body: dict | None, token: str) -> dict:
     return json.loads(text) if text else {}
 
 
-def stop_groups(processes: list[subprocess.Popen], timeout: float = 20) -> None:
-    """SIGTERM every process's group at once; SIGKILL each group still running ``timeout`` s later."""
+def stop_groups(processes: list[subprocess.Popen], sig: int = signal.SIGTERM, timeout: float = 20) -> None:
+    """Signal every process's group at once (each was started in a session of its own); SIGKILL each group still
+    running ``timeout`` s later."""
     running = [process for process in processes if process.poll() is None]
     for process in running:
-        os.killpg(process.pid, signal.SIGTERM)
+        os.killpg(process.pid, sig)
     deadline = time.monotonic() + timeout
     for process in running:
         try:

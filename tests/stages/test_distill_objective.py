@@ -130,7 +130,7 @@ def test_selection_on_sts_dev_keeps_the_best_dev_score(prepared):
     assert result.stats["best_step"] == best["step"]
     assert result.stats["exported"]["sts_dev"] == pytest.approx(best["sts_dev"], abs=1e-3)
     card = next(o for o in result.manifest.outputs if o.uri.endswith("/model/README.md"))
-    assert "validation MSE of the best weights (best by sts_dev)" in storage.read_bytes(card.uri).decode()
+    assert "**exported** (the best by sts_dev)" in storage.read_bytes(card.uri).decode()
 
 
 @pytest.mark.parametrize(

@@ -3,11 +3,11 @@ their PID, as a process group (each was started in a session of its own), never 
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import subprocess
-import time
+
+from tasks.orchestration.local_airflow import stop_groups
 
 
 def free_port() -> int:
@@ -20,21 +20,6 @@ def free_port() -> int:
 def stop_group(process: subprocess.Popen, sig: int = signal.SIGTERM, timeout: float = 20) -> None:
     """Signal ``process``'s group, then wait; SIGKILL the group if it has not exited in ``timeout`` s."""
     stop_groups([process], sig, timeout)
-
-
-def stop_groups(processes: list[subprocess.Popen], sig: int = signal.SIGTERM, timeout: float = 20) -> None:
-    """Signal every process's group at once, then wait for them together; SIGKILL each group that has not exited
-    ``timeout`` s after the signal."""
-    running = [process for process in processes if process.poll() is None]
-    for process in running:
-        os.killpg(process.pid, sig)
-    deadline = time.monotonic() + timeout
-    for process in running:
-        try:
-            process.wait(timeout=max(deadline - time.monotonic(), 0))
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
 
 
 def log_tail(path, lines: int = 40) -> str:
