@@ -249,15 +249,18 @@ class _Builder:
         with tempfile.TemporaryDirectory() as scratch, self.stage_run.phase("encode"):
             encoder = SentenceEncoder.load(str(student.fetch_published(self.distilled, Path(scratch))))
             chosen = _chosen(self.params, rows, encoder.dim)
-            embeddings, blocks = [], []
+            ids = pa.concat_tables([table for _, table in corpus])
             with Progress(f"build_index {self.stage_run.key} encode", rows, bar=self.progress, logger=log) as reporter:
-                for shard_uri, table in corpus:
-                    vectors = _encoded(encoder, self.params, shard_uri, table, reporter)
-                    embeddings.append(_written_embeddings(self.prefix, self.params, shard_uri, table, vectors))
-                    blocks.append(vectors)
+                vectors = _encoded(encoder, self.params, ids, reporter)
+        blocks = np.split(vectors, np.cumsum([table.num_rows for _, table in corpus])[:-1])
+        for (shard_uri, _), block in zip(corpus, blocks, strict=True):
+            finite.require_finite(block, f"{shard_uri} encoded by {self.params.model_run}", "embedding value")
+        embeddings = [
+            _written_embeddings(self.prefix, self.params, shard_uri, table, block)
+            for (shard_uri, table), block in zip(corpus, blocks, strict=True)
+        ]
         self.rows_encoded += rows
-        ids = pa.concat_tables([table for _, table in corpus])
-        return self._segment(partitions, model, settings, np.concatenate(blocks), ids, embeddings, chosen)
+        return self._segment(partitions, model, settings, vectors, ids, embeddings, chosen)
 
     def merged_segment(self, group: list[Segment]) -> Segment:
         """One segment over ``group``'s partitions, built from their published embeddings and id maps."""
@@ -318,13 +321,10 @@ def _chosen(params: BuildIndexParams, rows: int, dim: int) -> tuple[str, str]:
     return index_type, factory_string(index_type, rows, dim, params)
 
 
-def _encoded(encoder: Any, params: BuildIndexParams, shard_uri: str, table: pa.Table, reporter: Progress) -> np.ndarray:
-    """A corpus shard's texts encoded by the student, refused when not all finite."""
-    vectors = encoder.encode(
-        table.column("text").to_pylist(), batch_size=params.batch_size, dtype=params.dtype, on_rows=reporter.update
-    )
-    finite.require_finite(vectors, f"{shard_uri} encoded by {params.model_run}", "embedding value")
-    return vectors
+def _encoded(encoder: Any, params: BuildIndexParams, ids: pa.Table, reporter: Progress) -> np.ndarray:
+    """The pending shards' texts encoded by the student in one pass: batches of similar length across shards."""
+    texts = ids.column("text").to_pylist()
+    return encoder.encode(texts, batch_size=params.batch_size, dtype=params.dtype, on_rows=reporter.update)
 
 
 def _written_embeddings(

@@ -87,7 +87,9 @@ class EncodeTeacherParams(StageParams):
         "auto", description="compute dtype (autocast); auto: bf16 where the hardware runs it natively, else fp32"
     )
     output_dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding type")
-    batch_size: int = Field(64, gt=0)
+    batch_size: int = Field(
+        16, gt=0, description="rows per forward pass (sorted by length): small batches pad less on a CPU; more on a GPU"
+    )
     threads: int | None = Field(None, gt=0, description="torch intra-op threads (default: torch's)")
     device: Literal["auto", "cpu", "cuda"] = "auto"
     max_seq_length: int | None = Field(None, gt=0, description="default: the model's own")
@@ -230,7 +232,9 @@ class BuildIndexParams(StageParams):
     merge_fanout: int = Field(
         8, ge=2, description="merge the earliest segments of a tier once this many share it (segments.py)"
     )
-    batch_size: int = Field(128, gt=0)
+    batch_size: int = Field(
+        32, gt=0, description="rows per student forward pass, over all pending shards sorted by length"
+    )
     dtype: Literal["fp32", "bf16"] = "fp32"
     name: AutoRunName = Field("", description="index name (default: the model run)")
     promote: bool = Field(True, description="move indexes/current.json to the new index")

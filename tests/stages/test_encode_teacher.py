@@ -73,7 +73,8 @@ def test_each_shard_becomes_one_embedding_shard_then_skips(store, tmp_path, tiny
     assert result.stats == {"shards": 4, "encoded": 4, "skipped": 0, "rows": 40}
     partition = catalog.teacher_partition(str(tiny_model), DAY)
     lines = [r.getMessage() for r in caplog.records if r.name == "tasks.stages.encode_teacher"]
-    assert lines[0].startswith(f"encode_teacher: teacher {tiny_model} on cpu (") and ", batch 64" in lines[0]
+    batch = encode_teacher.EncodeTeacherParams.model_fields["batch_size"].default
+    assert lines[0].startswith(f"encode_teacher: teacher {tiny_model} on cpu (") and f", batch {batch}" in lines[0]
     per_shard = [line for line in lines if " rows encoded in " in line]
     assert len(per_shard) == 4 and all(
         line.endswith(" rows/s") and ": 10 rows encoded in " in line for line in per_shard
