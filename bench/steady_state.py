@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import statistics
 import time
 from collections.abc import Callable
 from datetime import date, timedelta
@@ -213,13 +214,18 @@ def main() -> dict:
 
 def _quiet_days(days: list[dict[str, Any]]) -> dict[str, Any]:
     """The policy's daily cost without a retrain (staging, teacher, the day's index segment, the decision): on day 2
-    and on the last day, their ratio, and the cost of the last day that did not retrain."""
+    and on the last day, their ratio; the same over a week at each end (medians of days 2-8 and of the last 7,
+    steadier than one day's timing); and the cost of the last day that did not retrain."""
     second, last = days[1], days[-1]
     quiet = [d for d in days if not d["retrained"]]
+    first_week, last_week = (statistics.median(d["without_retrain_s"] for d in week) for week in (days[1:8], days[-7:]))
     return {
         "day_2_s": round(second["without_retrain_s"], 2),
         f"day_{last['day']}_s": round(last["without_retrain_s"], 2),
         "ratio_last_to_day_2": round(last["without_retrain_s"] / second["without_retrain_s"], 3),
+        "median_days_2_to_8_s": round(first_week, 2),
+        "median_last_7_days_s": round(last_week, 2),
+        "ratio_last_week_to_first": round(last_week / first_week, 3),
         "last_day_without_a_retrain": {"day": quiet[-1]["day"], "compute_s": quiet[-1]["compute_s"]} if quiet else None,
     }
 
