@@ -73,6 +73,25 @@ def test_flat_index_is_exact_promoted_and_searchable(store, capsys, caplog):
     assert _build(store, index_type="flat", name="flat").skipped
 
 
+def test_each_shards_published_embeddings_are_its_own_sentences_encoded(store, tmp_path):
+    """The pending shards are encoded in one pass (sorted by length across shards) and published per shard: each
+    row of a shard's embeddings is the student's encoding of that row's sentence alone."""
+    from tasks.ml import student
+    from tasks.ml.encoder import SentenceEncoder
+
+    result = _build(store, index_type="flat", name="per-shard", promote=False)
+    _, (segment,) = segments.read_table(store, result.manifest.output_named(segments.TABLE_FILE).uri)
+    ids = storage.read_parquet(segment.ids.uri)
+    text_of = dict(zip(ids.column("sentence_id").to_pylist(), ids.column("text").to_pylist(), strict=True))
+    encoder = SentenceEncoder.load(str(student.fetch_published(manifest.read(store, Stage.DISTILL, "tiny"), tmp_path)))
+    assert len(segment.embeddings) == 3
+    for shard in segment.embeddings:
+        table = storage.read_parquet(shard.uri)
+        stored = np.array(table.column("embedding").to_pylist(), dtype=np.float32)
+        alone = np.concatenate([encoder.encode([text_of[s]]) for s in table.column("sentence_id").to_pylist()])
+        assert np.allclose(stored, alone, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("index_type", "extra", "factory"),
     [
