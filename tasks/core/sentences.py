@@ -16,9 +16,8 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from tasks.core import catalog, contracts, manifest, parquet_shards, storage
+from tasks.core import catalog, contracts, manifest, parquet_shards
 from tasks.core.catalog import Dataset, Stage
 
 _WRITERS = 2  # shards encoded and written at a time: Parquet encoding and the write release the GIL
@@ -128,19 +127,3 @@ def published(
 def shards(store: str, ingest_date: date, stages: tuple[Stage, ...] = catalog.SENTENCE_WRITERS) -> list[str]:
     """URIs of a partition's published shards."""
     return [o.uri for o in published(store, ingest_date, stages)]
-
-
-def already_staged(store: str, candidate_ids: list[str], exclude_key: str | None = None) -> set[str]:
-    """Which of ``candidate_ids`` a staged corpus partition (except ``exclude_key``'s) holds.
-    One shard's id column at a time is matched against the candidates, so memory follows the candidates,
-    not the size of the store. Each shard is read verified against the staging manifest's checksum."""
-    if not candidate_ids:
-        return set()
-    candidates = pa.array(candidate_ids, pa.string())
-    found: set[str] = set()
-    for key in manifest.list_keys(store, Stage.STAGE_CORPUS):
-        staged = manifest.read(store, Stage.STAGE_CORPUS, key) if key != exclude_key else None
-        for output in staged.outputs if staged else ():
-            ids = storage.read_parquet(output.uri, columns=["sentence_id"], sha256=output.sha256).column("sentence_id")
-            found.update(pc.filter(ids, pc.is_in(ids, value_set=candidates)).to_pylist())
-    return found

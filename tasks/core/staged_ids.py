@@ -246,6 +246,23 @@ def record_if_missing(store: str, key: str, published: manifest.Manifest) -> boo
     return True
 
 
+def held(store: str, candidate_ids: list[str], exclude_key: str = "") -> set[str]:
+    """Which of ``candidate_ids`` (hex sentence ids) a staged corpus partition but ``exclude_key`` holds, from
+    the index brought up to date with the manifests (:func:`load`): a bounded number of objects read, one bucket
+    of ids decoded at a time."""
+    if not candidate_ids:
+        return set()
+    index = load(store, exclude_key)
+    candidates = pl.DataFrame({"hex": candidate_ids}, schema={"hex": pl.String}).with_columns(
+        sentence_id=as_bytes(pl.col("hex")), bucket=bucket_of(pl.col("hex"))
+    )
+    found: set[str] = set()
+    for bucket, wanted in candidates.partition_by("bucket", as_dict=True).items():
+        matched = wanted.filter(pl.col("sentence_id").is_in(index.ids(str(bucket[0])).implode()))
+        found.update(matched.get_column("hex").to_list())
+    return found
+
+
 def _reconciled(
     store: str, recorded: dict[str, PartitionEntry], exclude_key: str
 ) -> tuple[dict[str, PartitionEntry], dict[str, manifest.Manifest]]:

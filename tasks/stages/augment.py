@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from tasks.core import catalog, manifest, sentences, storage
+from tasks.core import catalog, manifest, sentences, staged_ids, storage
 from tasks.core.catalog import Stage
 from tasks.core.progress import Progress
 from tasks.stages.params import AugmentParams
@@ -243,7 +243,7 @@ def _deduplicated(
 ) -> tuple[dict[str, list], dict[str, MethodCounts]]:
     """The rows to write (variants that are new, non-empty and not staged originals) and counts per method."""
     ids = [sentences.sentence_id(text) if text else None for _, _, text, _ in generated]
-    originals = sentences.already_staged(store, [sid for sid in ids if sid])
+    originals = staged_ids.held(store, [sid for sid in ids if sid])
     rows: dict[str, list] = {name: [] for name in sentences.COLUMNS}
     seen: set[str] = set()
     counts = {a.method: MethodCounts() for a in augmenters}
