@@ -206,14 +206,13 @@ def test_concurrent_stagings_of_two_dates_stage_each_sentence_once(store_root, t
 
 
 def test_held_matches_across_partitions_honours_the_exclusion_and_outlives_a_lost_index(store_root, tmp_path):
-    store = store_root
-    _stage(store, tmp_path, DAY1, ["alpha one", "beta two", "gamma three"])
-    _stage(store, tmp_path, DAY2, ["delta four", "epsilon five"])
+    _stage(store_root, tmp_path, DAY1, ["alpha one", "beta two", "gamma three"])
+    _stage(store_root, tmp_path, DAY2, ["delta four", "epsilon five"])
     ids = {text: sentence_id(text) for text in ("beta two", "epsilon five", "never staged")}
 
-    assert staged_ids.held(store, list(ids.values())) == {ids["beta two"], ids["epsilon five"]}
-    assert staged_ids.held(store, list(ids.values()), exclude_key=KEY2) == {ids["beta two"]}
-    assert staged_ids.held(store, [ids["never staged"]]) == set()
-    assert staged_ids.held(store, []) == set()
-    storage.delete(staged_ids.index_uri(store))  # the manifests still say what is staged
-    assert staged_ids.held(store, list(ids.values())) == {ids["beta two"], ids["epsilon five"]}
+    assert staged_ids.held(store_root, list(ids.values())) == {ids["beta two"], ids["epsilon five"]}
+    assert staged_ids.held(store_root, list(ids.values()), exclude_key=KEY2) == {ids["beta two"]}
+    assert staged_ids.held(store_root, [ids["never staged"]]) == set()
+    assert staged_ids.held(store_root, []) == set()
+    storage.delete(staged_ids.index_uri(store_root))  # the manifests still say what is staged
+    assert staged_ids.held(store_root, list(ids.values())) == {ids["beta two"], ids["epsilon five"]}
