@@ -47,6 +47,13 @@ def learned_partitions(store: str, distilled: manifest.Manifest) -> set[date]:
     return recorded | partitions_read(store, distilled)
 
 
+def staged_rows(store: str, day: date) -> int:
+    """The rows staging and augmentation published for partition ``day``."""
+    key = catalog.partition_key(day)
+    found = (manifest.read(store, stage, key) for stage in catalog.SENTENCE_WRITERS)
+    return sum(o.rows or 0 for written in found if written for o in written.outputs)
+
+
 def encoded_partitions(store: str, teacher: str) -> set[date]:
     """The partitions with at least one shard encoded by ``teacher``."""
     return partitions_in(manifest.list_keys(store, Stage.ENCODE_TEACHER, under=catalog.teacher_key_prefix(teacher)))

@@ -7,7 +7,9 @@ A retrain runs, in this order of reasons, when:
 - ``no model``: nothing is promoted yet;
 - ``drift``: a partition the promoted model was not trained on is flagged by the drift stage against it;
 - ``volume``: the rows staged since the promoted model's training (sentences and augmented ones) reach
-  ``retrain_fraction`` of the rows it was trained on;
+  ``retrain_fraction`` of the rows it has learned from (those staged in the partitions it, and when it was
+  warm-started the students it started from, were trained on), so volume retrains come as the corpus grows by a
+  factor of ``1 + retrain_fraction``, not every few days of a bounded training set;
 - ``age``: there are new rows, and the promoted model was trained more than ``max_model_age_days`` ago.
 
 Otherwise it does not, and the decision says what it measured. With no new partition at all nothing but a
@@ -70,8 +72,8 @@ def decide(store: str, teacher: str, policy: Policy, now: datetime | None = None
         "model_run": promoted.model_run,
         "new_partitions": _days(new),
         "drifted": _days([day for day in new if _drifted(store, day, promoted.model_run)]),
-        "new_rows": sum(_staged_rows(store, day) for day in new),
-        "trained_rows": _trained_rows(store, distilled),
+        "new_rows": sum(lineage.staged_rows(store, day) for day in new),
+        "learned_rows": _learned_rows(store, distilled),
         "model_age_days": round(_age_days(distilled, now or datetime.now(UTC)), 3),
     }
     return _judged(facts, policy)
@@ -92,7 +94,7 @@ def training_partitions(store: str, teacher: str, max_rows: int | None, after_pr
     for day in [*sorted(new, reverse=True), *older]:
         if rows >= max_rows:
             break
-        day_rows = _staged_rows(store, day)
+        day_rows = lineage.staged_rows(store, day)
         if chosen and rows + day_rows > max_rows:
             continue
         chosen.append(day)
@@ -101,11 +103,11 @@ def training_partitions(store: str, teacher: str, max_rows: int | None, after_pr
 
 
 def _judged(facts: dict[str, Any], policy: Policy) -> Decision:
-    share = facts["new_rows"] / max(facts["trained_rows"], 1)
+    share = facts["new_rows"] / max(facts["learned_rows"], 1)
     facts["new_share"] = round(share, 4)
     measured = (
         f"{facts['new_rows']} new rows in {len(facts['new_partitions'])} partition(s), {share:.1%} of the "
-        f"{facts['trained_rows']} {facts['model_run']} was trained on; model {facts['model_age_days']:.1f} days old"
+        f"{facts['learned_rows']} {facts['model_run']} has learned from; model {facts['model_age_days']:.1f} days old"
     )
     if facts["drifted"]:
         return Decision(True, DRIFT, f"drift flagged on {', '.join(facts['drifted'])}; {measured}", facts)
@@ -133,15 +135,11 @@ def _drifted(store: str, day: date, model_run: str) -> bool:
     return scored is not None and scored.stats.get("model_run") == model_run and bool(scored.stats.get("flagged"))
 
 
-def _staged_rows(store: str, day: date) -> int:
-    """The rows staging and augmentation published for partition ``day``."""
-    key = catalog.partition_key(day)
-    found = (manifest.read(store, stage, key) for stage in catalog.SENTENCE_WRITERS)
-    return sum(o.rows or 0 for written in found if written for o in written.outputs)
-
-
-def _trained_rows(store: str, distilled: manifest.Manifest) -> int:
-    """The rows of projected targets a distill run read."""
+def _learned_rows(store: str, distilled: manifest.Manifest) -> int:
+    """The rows staged in the partitions a distill run's student has learned from (its ``learned_rows`` stat; a run
+    from before it: the rows of projected targets it read)."""
+    if "learned_rows" in distilled.stats:
+        return int(distilled.stats["learned_rows"])
     return sum(i.rows or 0 for i in distilled.inputs if catalog.dataset_at(store, i.uri) == Dataset.PROJECTED_TARGETS)
 
 

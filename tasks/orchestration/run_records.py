@@ -31,7 +31,8 @@ class RetrainParams(DagParams):
         0.5,
         ge=0,
         description="retrain once the rows staged since the promoted model's training reach this share of the "
-        "rows it was trained on (the rows all retrains learn from add up to at most (1 + f) / f times those staged)",
+        "rows it has learned from, its warm starts' included (volume retrains then come each time the corpus grows "
+        "by 1 + f times, and the rows they learn from add up to at most (1 + f) / f times those staged)",
     )
     max_model_age_days: float = Field(
         30.0, gt=0, description="retrain a model trained longer ago than this, once new rows came"

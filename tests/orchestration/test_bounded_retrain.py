@@ -10,7 +10,7 @@ from tasks.ml.encoder import SentenceEncoder
 from tasks.orchestration import retrain_policy
 from tasks.stages import fit_pca
 from tasks.stages.distill.errors import DistillError
-from tests.support.policy_store import NEW, TRAINED, TRAINED_ROWS, promoted_store, stage_new_partition
+from tests.support.policy_store import LATER, NEW, TRAINED, TRAINED_ROWS, promoted_store, stage_new_partition
 from tests.support.projected_store import distill_tiny
 
 pytestmark = pytest.mark.models
@@ -50,6 +50,7 @@ def test_a_warm_start_begins_from_the_promoted_student_and_inherits_what_it_lear
     assert published.stats["learned_partitions"] == [TRAINED.isoformat(), NEW.isoformat()]
     assert cold.stats["learned_partitions"] == [NEW.isoformat()]
     assert lineage.learned_partitions(store, published) == {TRAINED, NEW}
+    assert (published.stats["learned_rows"], cold.stats["learned_rows"]) == (TRAINED_ROWS + NEW_ROWS, NEW_ROWS)
 
     def body(run: str):  # the transformer's weights, the head aside (it is initialised again)
         from tasks.ml import student
@@ -76,6 +77,10 @@ def test_once_promoted_a_warm_started_model_leaves_nothing_untrained(prepared):
     catalog.move_pointer(store, catalog.ModelPointer("warm", {}, validation, warm.version_uri(store)), etag)
     try:
         assert lineage.untrained_partitions(store, teacher) == []  # TRAINED came through the warm start
+        stage_new_partition(prepared, rows=NEW_ROWS, day=LATER)
+        decided = retrain_policy.decide(store, teacher, retrain_policy.Policy(0.5, 30))
+        assert decided.facts["learned_rows"] == TRAINED_ROWS + NEW_ROWS  # not only the rows "warm" read
+        assert decided.facts["new_rows"] == NEW_ROWS
     finally:
         catalog.move_pointer(store, pointer, catalog.read_pointer(store, catalog.Pointer.MODEL)[1])
 

@@ -37,7 +37,7 @@ def test_each_reason_and_none(prepared):
     small = retrain_policy.decide(store, teacher, DEFAULT)
     assert (small.retrain, small.reason) == (False, None)
     assert small.facts["new_partitions"] == [NEW.isoformat()] and small.facts["new_rows"] == 12
-    assert small.facts["trained_rows"] == 80 and small.facts["new_share"] == 0.15
+    assert small.facts["learned_rows"] == 80 and small.facts["new_share"] == 0.15
     assert small.explanation.startswith("not worth a retrain: 12 new rows in 1 partition(s), 15.0% of the 80 tiny")
 
     volume = retrain_policy.decide(store, teacher, Policy(retrain_fraction=0.1, max_model_age_days=30))

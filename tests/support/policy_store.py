@@ -11,7 +11,7 @@ from tasks.core.catalog import ModelPointer, Stage
 from tasks.stages import encode_teacher, stage_corpus
 from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
 
-TRAINED, NEW = date(2026, 11, 1), date(2026, 11, 2)
+TRAINED, NEW, LATER = date(2026, 11, 1), date(2026, 11, 2), date(2026, 11, 3)
 TRAINED_ROWS = 80
 
 
@@ -26,13 +26,14 @@ def promoted_store(root: Path) -> dict:
     return {**prepared, "root": root, "distilled": distilled}
 
 
-def stage_new_partition(prepared: dict, rows: int) -> None:
-    """Stage ``rows`` new sentences as partition NEW and encode them with the teacher."""
-    raw = Path(prepared["root"]) / "new.txt"
-    raw.write_text("\n".join(f"a new sentence {i} about the weather on mars" for i in range(rows)))
+def stage_new_partition(prepared: dict, rows: int, day: date = NEW) -> None:
+    """Stage ``rows`` new sentences as partition ``day`` and encode them with the teacher."""
+    raw = Path(prepared["root"]) / f"{day}.txt"
+    place = "mars" if day == NEW else f"mars on {day}"
+    raw.write_text("\n".join(f"a new sentence {i} about the weather on {place}" for i in range(rows)))
     store, teacher = prepared["store"], prepared["teacher"]
-    values = {"store": store, "source": str(raw), "ingest_date": NEW, "shard_rows": 40}
+    values = {"store": store, "source": str(raw), "ingest_date": day, "shard_rows": 40}
     stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, values))
     encode_teacher.run(
-        config.parse(encode_teacher.EncodeTeacherParams, {"store": store, "teacher": teacher, "ingest_date": NEW})
+        config.parse(encode_teacher.EncodeTeacherParams, {"store": store, "teacher": teacher, "ingest_date": day})
     )

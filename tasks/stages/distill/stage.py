@@ -103,6 +103,7 @@ def _trained(
     read = lineage.partitions_in(catalog.store_key(params.store, i.uri) or i.uri for i in stage_run.inputs)
     learned = read | (set() if warm is None else lineage.learned_partitions(params.store, warm))
     summary["learned_partitions"] = sorted(day.isoformat() for day in learned)
+    summary["learned_rows"] = sum(lineage.staged_rows(params.store, day) for day in learned)
     runtime = {"runtime": params.model_dump(mode="json", include=RUNTIME)}
     if not dist.leader:
         return manifest.StageResult(stage_run.uri, skipped=False, stats={**summary, **runtime}, outputs=())
