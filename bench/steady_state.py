@@ -17,7 +17,9 @@ Both train with the same settings (``TRAINING``: one epoch over their training r
 promoted without the validate stage (its STS gate is the same for both and is not what this measures). Recorded
 per day and stage: compute seconds, rows encoded by the teacher and by the student (indexing) and rows trained,
 whether it retrained and why, and freshness: seconds from the start of the day's staging until its sentences
-are searchable (checked: each of a sample of them finds itself in the promoted index). Writes
+are searchable (checked: each of a sample of them finds itself in the promoted index). The cost of a day without
+a retrain on day 2 and on the last day is also measured ``REPEATS`` times each on copies of the policy's store as
+it was those mornings (:func:`quiet_day_repeats`): one day's timing alone moves by a second with the machine. Writes
 ``bench/results/steady_state.json`` and the plot ``bench/results/steady_state.svg``.
 """
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 import statistics
 import time
 from collections.abc import Callable
@@ -61,6 +64,8 @@ TRAINING: dict[str, Any] = {
 }
 RETRAIN_STAGES = ("fit_pca", "distill", "reindex")  # what a day without a retrain does not run
 PROBES = 5  # sentences of the day searched for (each must find itself)
+QUIET_DAYS = (2, DAYS)  # the days whose work without a retrain is run again, REPEATS times each
+REPEATS = 5
 
 
 class Day:
@@ -139,6 +144,14 @@ def per_partition_day(day: Day, lines: list[str]) -> dict[str, Any]:
     return day.result()
 
 
+def quiet_day(day: Day, lines: list[str]) -> dict[str, Any]:
+    """A policy day's work without its retrain: staging, the teacher, the day's index segment, the decision."""
+    day.ingest(lines)
+    day.index()
+    day.timed("decide", lambda: retrain_policy.decide(day.store, TEACHER, POLICY))
+    return day.result()
+
+
 def policy_day(day: Day, lines: list[str]) -> dict[str, Any]:
     started = time.perf_counter()
     day.ingest(lines)
@@ -171,21 +184,48 @@ def arrivals() -> list[list[str]]:
     return [lines[n * DAY_ROWS : (n + 1) * DAY_ROWS] for n in range(DAYS)]
 
 
-def main() -> dict:
-    import shutil
+def simulated(name: str, daily: list[list[str]]) -> list[dict[str, Any]]:
+    """Every day of ``daily`` under policy ``name``, on a store of its own; the policy's store is copied aside on
+    the mornings of :data:`QUIET_DAYS` for :func:`quiet_day_repeats`."""
+    shutil.rmtree(ROOT / name, ignore_errors=True)
+    folder = ROOT / name / "store"
+    days = []
+    for number, lines in enumerate(daily, start=1):
+        if name == "policy" and number in QUIET_DAYS:
+            shutil.copytree(folder, ROOT / "mornings" / str(number), dirs_exist_ok=True)
+        days.append(POLICIES[name](Day(storage.to_uri(str(folder)), number), lines))
+        print(f"{name} day {number}: {days[-1]['compute_s']} s", flush=True)
+    return days
 
+
+def quiet_day_repeats(daily: list[list[str]]) -> dict[str, Any]:
+    """The policy's :func:`quiet_day` on each of :data:`QUIET_DAYS`, ``REPEATS`` times, each on a fresh copy of
+    the store as it was that morning, the days interleaved: medians of the same work, steadier than one timing."""
+    seconds: dict[int, list[float]] = {number: [] for number in QUIET_DAYS}
+    replay = ROOT / "replay"
+    for _ in range(REPEATS):
+        for number in QUIET_DAYS:
+            shutil.rmtree(replay, ignore_errors=True)
+            shutil.copytree(ROOT / "mornings" / str(number), replay)
+            done = quiet_day(Day(storage.to_uri(str(replay)), number), daily[number - 1])
+            seconds[number].append(done["compute_s"])
+    first, last = (statistics.median(seconds[number]) for number in QUIET_DAYS)
+    return {
+        "repeats": REPEATS,
+        **{f"day_{number}_s": runs for number, runs in seconds.items()},
+        **{f"day_{number}_median_s": statistics.median(runs) for number, runs in seconds.items()},
+        "ratio_of_medians": round(last / first, 3),
+    }
+
+
+def main() -> dict:
     import torch
 
     torch.set_num_threads(THREADS)
+    shutil.rmtree(ROOT / "mornings", ignore_errors=True)
     daily = arrivals()
-    runs: dict[str, list[dict[str, Any]]] = {}
-    for name, simulate in POLICIES.items():
-        shutil.rmtree(ROOT / name, ignore_errors=True)
-        store = storage.to_uri(str(ROOT / name / "store"))
-        runs[name] = []
-        for number, lines in enumerate(daily, start=1):
-            runs[name].append(simulate(Day(store, number), lines))
-            print(f"{name} day {number}: {runs[name][-1]['compute_s']} s", flush=True)
+    runs = {name: simulated(name, daily) for name in POLICIES}
+    repeated = quiet_day_repeats(daily)
     totals = {name: round(sum(d["compute_s"] for d in days), 1) for name, days in runs.items()}
     _plot(runs)
     return results.write(
@@ -204,7 +244,7 @@ def main() -> dict:
             "teacher_dtype": DTYPE,
             "totals_s": totals,
             "retrains": {name: sum(d["retrained"] for d in days) for name, days in runs.items()},
-            "daily_cost_without_retrain": _quiet_days(runs["policy"]),
+            "daily_cost_without_retrain": {**_quiet_days(runs["policy"]), "repeated": repeated},
             "freshness_s": {name: _spread([d["freshness_s"] for d in days]) for name, days in runs.items()},
             "validate": "skipped in both policies: a retrained student is promoted directly",
             "per_day": runs,
