@@ -28,7 +28,7 @@ class RetrainParams(DagParams):
     name: str | None = None
     force: bool = Field(False, description="retrain whatever the retrain policy decides")
     retrain_fraction: float = Field(
-        0.5,
+        1.0,
         ge=0,
         description="retrain once the rows staged since the promoted model's training reach this share of the "
         "rows it has learned from, its warm starts' included (volume retrains then come each time the corpus grows "

@@ -131,3 +131,17 @@ def test_weights_with_a_nan_are_refused_naming_the_folder_and_the_weight(tmp_pat
     encoder.save(tmp_path / "saved")
     with pytest.raises(models.ModelError, match=f"^{re.escape(str(tmp_path / 'saved'))}: weight dense.linear.bias "):
         SentenceEncoder.load(str(tmp_path / "saved"))
+
+
+def test_finite_weights_whose_sum_overflows_are_accepted_and_a_nan_among_them_is_not(tmp_path):
+    import torch
+
+    encoder = SentenceEncoder.load(str(build_sentence_model(tmp_path / "m", normalize=False)))
+    encoder.dense = Dense(32, 16, bias=True)
+    with torch.no_grad():
+        encoder.dense.linear.bias[:] = 3e38  # each finite, their float32 sum infinite
+    encoder.require_finite_weights("big")
+    with torch.no_grad():
+        encoder.dense.linear.bias[5] = float("nan")
+    with pytest.raises(models.ModelError, match="^big: weight dense.linear.bias holds NaN"):
+        encoder.require_finite_weights("big")
