@@ -19,12 +19,15 @@ per day and stage: compute seconds, rows encoded by the teacher and by the stude
 whether it retrained and why, and freshness: seconds from the start of the day's staging until its sentences
 are searchable (checked: each of a sample of them finds itself in the promoted index). The cost of a day without
 a retrain on day 2 and on the last day is also measured ``REPEATS`` times each on copies of the policy's store as
-it was those mornings (:func:`quiet_day_repeats`): one day's timing alone moves by a second with the machine. Writes
+it was those mornings, with the same new sentences (:func:`quiet_day_repeats`): one day's timing alone moves with
+the machine and with its sentences' lengths. The policy also runs with ``retrain_fraction`` ``OTHER_FRACTION``
+for the trade-off between retrains and cost. Writes
 ``bench/results/steady_state.json`` and the plot ``bench/results/steady_state.svg``.
 """
 
 from __future__ import annotations
 
+import functools
 import gzip
 import os
 import shutil
@@ -48,6 +51,7 @@ DAY_ROWS = int(os.environ.get("HPD_BENCH_DAY_ROWS", 100))
 MAX_TRAIN_ROWS = 10 * DAY_ROWS
 DEFAULTS = RetrainParams.model_fields  # hpd_retrain's policy as it ships
 POLICY = retrain_policy.Policy(DEFAULTS["retrain_fraction"].default, DEFAULTS["max_model_age_days"].default)
+OTHER_FRACTION = 0.5  # the policy is also run with this retrain_fraction, for the trade-off beside the default
 WARM_START: bool = DEFAULTS["warm_start"].default
 FIRST = date(2026, 1, 1)
 THREADS = len(os.sched_getaffinity(0))
@@ -152,14 +156,14 @@ def quiet_day(day: Day, lines: list[str]) -> dict[str, Any]:
     return day.result()
 
 
-def policy_day(day: Day, lines: list[str]) -> dict[str, Any]:
+def policy_day(day: Day, lines: list[str], policy: retrain_policy.Policy = POLICY) -> dict[str, Any]:
     started = time.perf_counter()
     day.ingest(lines)
     promoted, _ = catalog.read_pointer(day.store, catalog.Pointer.MODEL)
     if promoted is not None:  # hpd_index takes the partition with the promoted student
         day.index()
         day.searchable(started)
-    decision = day.timed("decide", lambda: retrain_policy.decide(day.store, TEACHER, POLICY))
+    decision = day.timed("decide", lambda: retrain_policy.decide(day.store, TEACHER, policy))
     day.record.update(retrained=decision.retrain, reason=decision.reason, decision=decision.explanation)
     if decision.retrain:
         chosen = day.timed("decide", lambda: retrain_policy.training_partitions(day.store, TEACHER, MAX_TRAIN_ROWS))
@@ -173,6 +177,9 @@ def policy_day(day: Day, lines: list[str]) -> dict[str, Any]:
 POLICIES: dict[str, Callable[[Day, list[str]], dict[str, Any]]] = {
     "per_partition": per_partition_day,
     "policy": policy_day,
+    f"policy_retrain_fraction_{OTHER_FRACTION}": functools.partial(
+        policy_day, policy=retrain_policy.Policy(OTHER_FRACTION, POLICY.max_model_age_days)
+    ),
 }
 
 
@@ -198,16 +205,17 @@ def simulated(name: str, daily: list[list[str]]) -> list[dict[str, Any]]:
     return days
 
 
-def quiet_day_repeats(daily: list[list[str]]) -> dict[str, Any]:
-    """The policy's :func:`quiet_day` on each of :data:`QUIET_DAYS`, ``REPEATS`` times, each on a fresh copy of
-    the store as it was that morning, the days interleaved: medians of the same work, steadier than one timing."""
+def quiet_day_repeats(lines: list[str]) -> dict[str, Any]:
+    """The policy's :func:`quiet_day` with ``lines`` (the last day's arrivals, new on each of those mornings) on
+    each of :data:`QUIET_DAYS`, ``REPEATS`` times, each on a fresh copy of the store as it was that morning, the
+    days interleaved: the same work on a store 2 and 30 days old, only the store differing (medians)."""
     seconds: dict[int, list[float]] = {number: [] for number in QUIET_DAYS}
     replay = ROOT / "replay"
     for _ in range(REPEATS):
         for number in QUIET_DAYS:
             shutil.rmtree(replay, ignore_errors=True)
             shutil.copytree(ROOT / "mornings" / str(number), replay)
-            done = quiet_day(Day(storage.to_uri(str(replay)), number), daily[number - 1])
+            done = quiet_day(Day(storage.to_uri(str(replay)), number), lines)
             seconds[number].append(done["compute_s"])
     first, last = (statistics.median(seconds[number]) for number in QUIET_DAYS)
     return {
@@ -225,7 +233,7 @@ def main() -> dict:
     shutil.rmtree(ROOT / "mornings", ignore_errors=True)
     daily = arrivals()
     runs = {name: simulated(name, daily) for name in POLICIES}
-    repeated = quiet_day_repeats(daily)
+    repeated = quiet_day_repeats(daily[-1])
     totals = {name: round(sum(d["compute_s"] for d in days), 1) for name, days in runs.items()}
     _plot(runs)
     return results.write(
@@ -243,6 +251,7 @@ def main() -> dict:
             "training": TRAINING,
             "teacher_dtype": DTYPE,
             "totals_s": totals,
+            "ratios_to_per_partition": {name: round(totals["per_partition"] / t, 3) for name, t in totals.items()},
             "retrains": {name: sum(d["retrained"] for d in days) for name, days in runs.items()},
             "daily_cost_without_retrain": {**_quiet_days(runs["policy"]), "repeated": repeated},
             "freshness_s": {name: _spread([d["freshness_s"] for d in days]) for name, days in runs.items()},

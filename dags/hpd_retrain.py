@@ -5,7 +5,7 @@ On new data (the `hpd_corpus_updated` events `hpd_ingest` and a drift flag emit;
 run's store) and on manual trigger (params below). It first decides whether a retrain is worth running
 (`tasks/orchestration/retrain_policy.py`): when forced (`force`, partitions named, a backfill run), when
 nothing is promoted, when drift is flagged on a partition the promoted model has not seen, when the rows
-staged since its training reach `retrain_fraction` of its training rows, or when there are new rows and
+staged since its training reach `retrain_fraction` of the rows it has learned from, or when there are new rows and
 the model is older than `max_model_age_days`. Otherwise it ends there, green, training nothing (the index
 still takes the new partitions: `hpd_index`); the `decide` task's log and its `decision` XCom say why.
 Then it learns from a bounded set: the new partitions plus a replay sample of older ones, up to
