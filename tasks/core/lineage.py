@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import TypeAdapter
 
-from tasks.core import catalog, manifest, storage
+from tasks.core import catalog, manifest, sentences, storage
 from tasks.core.catalog import Pointer, Stage
 
 _PARTITION = re.compile(r"(?:^|/)ingest_date=(\d{4}-\d{2}-\d{2})(?:/|$)")
@@ -49,9 +49,7 @@ def learned_partitions(store: str, distilled: manifest.Manifest) -> set[date]:
 
 def staged_rows(store: str, day: date) -> int:
     """The rows staging and augmentation published for partition ``day``."""
-    key = catalog.partition_key(day)
-    found = (manifest.read(store, stage, key) for stage in catalog.SENTENCE_WRITERS)
-    return sum(o.rows or 0 for written in found if written for o in written.outputs)
+    return sum(o.rows or 0 for o in sentences.published(store, day))
 
 
 def encoded_partitions(store: str, teacher: str) -> set[date]:
