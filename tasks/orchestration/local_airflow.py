@@ -28,6 +28,7 @@ SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
 USER = "admin"
 # Settings a user's environment may override: a few task processes at once (SQLite has one writer).
 TUNABLE = {"AIRFLOW__CORE__PARALLELISM": "4", "AIRFLOW__CORE__LOAD_EXAMPLES": "False"}
+UNAVAILABLE_RETRY_PAUSES = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds before each new try of a call answered 503
 
 
 class AirflowFailed(RuntimeError):
@@ -174,7 +175,19 @@ class LocalAirflow:
 
 
 def rest_call(url: str, method: str, body: dict | None, token: str) -> dict:
-    """``method`` on ``url`` with a JSON body and a bearer token (where given); the JSON answer."""
+    """``method`` on ``url`` with a JSON body and a bearer token (where given); the JSON answer. A 503 (with SQLite,
+    a backfill created while the scheduler writes: "Database is locked", nothing created) is tried again a few times
+    after a growing pause before it is raised."""
+    for pause in UNAVAILABLE_RETRY_PAUSES:
+        answer = _call_once(url, method, body, token, unavailable_is_final=False)
+        if answer is not None:
+            return answer
+        time.sleep(pause)
+    return _call_once(url, method, body, token, unavailable_is_final=True) or {}
+
+
+def _call_once(url: str, method: str, body: dict | None, token: str, unavailable_is_final: bool) -> dict | None:
+    """One try of :func:`rest_call`: its answer, or None for a 503 that is to be tried again."""
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers=headers, method=method)
@@ -182,6 +195,8 @@ def rest_call(url: str, method: str, body: dict | None, token: str) -> dict:
         with urllib.request.urlopen(request, timeout=30) as response:
             text = response.read()
     except urllib.error.HTTPError as exc:
+        if exc.code == 503 and not unavailable_is_final:
+            return None
         raise AirflowFailed(f"{method} {url}: {exc.code} {exc.read()[:500]!r}") from None
     return json.loads(text) if text else {}
 
