@@ -35,6 +35,10 @@ class AirflowFailed(RuntimeError):
     """A service exited or did not answer in time; the message carries the services' log tails."""
 
 
+class _Unavailable(AirflowFailed):
+    """The API server answered 503: nothing was done, the call may be sent again."""
+
+
 def service_env(home: Path, url: str, checkout: Path, store: Path, database: str | None, extra_env: dict) -> dict:
     """The services' environment: the defaults (the store ``store``), then this process's environment, then the
     settings that make it this home's Airflow on ``url`` with ``checkout``'s DAGs, then ``extra_env``."""
@@ -179,15 +183,15 @@ def rest_call(url: str, method: str, body: dict | None, token: str) -> dict:
     a backfill created while the scheduler writes: "Database is locked", nothing created) is tried again a few times
     after a growing pause before it is raised."""
     for pause in UNAVAILABLE_RETRY_PAUSES:
-        answer = _call_once(url, method, body, token, unavailable_is_final=False)
-        if answer is not None:
-            return answer
-        time.sleep(pause)
-    return _call_once(url, method, body, token, unavailable_is_final=True) or {}
+        try:
+            return _call_once(url, method, body, token)
+        except _Unavailable:
+            time.sleep(pause)
+    return _call_once(url, method, body, token)
 
 
-def _call_once(url: str, method: str, body: dict | None, token: str, unavailable_is_final: bool) -> dict | None:
-    """One try of :func:`rest_call`: its answer, or None for a 503 that is to be tried again."""
+def _call_once(url: str, method: str, body: dict | None, token: str) -> dict:
+    """One try of :func:`rest_call`."""
     headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers=headers, method=method)
@@ -195,9 +199,8 @@ def _call_once(url: str, method: str, body: dict | None, token: str, unavailable
         with urllib.request.urlopen(request, timeout=30) as response:
             text = response.read()
     except urllib.error.HTTPError as exc:
-        if exc.code == 503 and not unavailable_is_final:
-            return None
-        raise AirflowFailed(f"{method} {url}: {exc.code} {exc.read()[:500]!r}") from None
+        failed = _Unavailable if exc.code == 503 else AirflowFailed
+        raise failed(f"{method} {url}: {exc.code} {exc.read()[:500]!r}") from None
     return json.loads(text) if text else {}
 
 
