@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass
 from datetime import date
 from typing import Any
 
+import pydantic
 from pydantic import TypeAdapter
 
 from tasks.core import catalog, manifest, sentences, storage
@@ -291,30 +292,53 @@ class _Walk:
                 actual = storage.sha256_of(uri)
             except storage.ObjectNotFound:
                 if not outside:
-                    raise LineageError(f"{uri}: missing from the store; {reader} lists it as an input") from None
+                    raise LineageError(f"{uri}: missing from the store; {reader} lists it") from None
                 actual = None
             if actual is not None and actual != sha256:
-                raise LineageError(f"{storage.IntegrityError(uri, sha256, actual)} (an input of {reader})")
+                raise LineageError(f"{storage.IntegrityError(uri, sha256, actual)} (recorded by {reader})")
             self.checked[uri, sha256] = UNAVAILABLE if actual is None else VERIFIED
         return self.checked[uri, sha256]
 
-    def output(self, uri: str) -> Node:
-        """A published object, checked against the manifest that lists it, and that run."""
+    def recorded(self, uri: str) -> tuple[str, manifest.Output]:
+        """The manifest that lists ``uri`` as an output, and its record of it."""
         producer = self.graph.producers.get(uri)
         if producer is None:
             raise LineageError(f"{uri}: no manifest in the store {self.graph.store} lists it as an output")
-        recorded = next(o for o in self.graph.manifests[producer].outputs if o.uri == uri)
+        return producer, next(o for o in self.graph.manifests[producer].outputs if o.uri == uri)
+
+    def output(self, uri: str) -> Node:
+        """A published object, checked against the manifest that lists it, and that run."""
+        producer, recorded = self.recorded(uri)
         self.check(uri, recorded.sha256, producer, outside=False)
         return Node("object", uri, recorded.sha256, VERIFIED, children=(self.run(producer),))
+
+    def segments(self, table: str) -> tuple[Node, ...]:
+        """The segment table at ``table`` and every file it lists (index, id map, embeddings), each checked
+        against the checksum the table records, which must be the one the manifest listing it records."""
+        node = self.output(table)
+        listed = _segment_files(self.graph.store, table, node.sha256 or "")
+        for file in listed:
+            producer, recorded = self.recorded(file.uri)
+            if recorded.sha256 != file.sha256:
+                raise LineageError(
+                    f"{file.uri}: sha256 {file.sha256[:12]} in the segment table {table}, {recorded.sha256[:12]} "
+                    f"in {producer}"
+                )
+            self.check(file.uri, file.sha256, table, outside=False)
+        return (node, *(self.output(file.uri) for file in listed))
 
     def pointer(self, pointer: Pointer) -> Node:
         """A pointer's objects (each checked against the manifest that lists it) and the runs behind them."""
         store, uri = self.graph.store, catalog.pointer_uri(self.graph.store, pointer)
         if pointer is Pointer.INDEX:
             index, _ = catalog.read_pointer(store, Pointer.INDEX)
-            named: tuple[Node, ...] = (
-                () if index is None else tuple(self.output(u) for u in (index.index, index.ids) if u)
-            )
+            named: tuple[Node, ...] = ()
+            if index is not None:  # a segment table (no ``ids``), or one index and its id map from before
+                named = (
+                    self.segments(index.index)
+                    if index.ids is None
+                    else tuple(map(self.output, (index.index, index.ids)))
+                )
         else:
             model, _ = catalog.read_pointer(store, Pointer.MODEL)
             runs = () if model is None else (model.validation, catalog.distill_manifest_uri(store, model))
@@ -322,6 +346,30 @@ class _Walk:
         if not named:
             raise LineageError(f"{uri}: nothing is promoted (no pointer)")
         return Node("pointer", uri, children=named)
+
+
+class _TableSegment(pydantic.BaseModel):
+    """The files one segment of a segment table lists (``segments.json``, written by :mod:`tasks.ml.segments`,
+    which the core does not import): each an output record with its store-relative key."""
+
+    index: dict[str, Any]
+    ids: dict[str, Any]
+    embeddings: list[dict[str, Any]]
+
+
+class _Table(pydantic.BaseModel):
+    segments: list[_TableSegment]
+
+
+def _segment_files(store: str, uri: str, sha256: str) -> list[manifest.Output]:
+    """Every file the segment table at ``uri`` (read and checked against ``sha256``) lists, with the checksum
+    it records; :class:`LineageError` naming it when it is not a segment table."""
+    try:
+        table = _Table.model_validate_json(storage.read_bytes(uri, sha256=sha256))
+        records = [record for s in table.segments for record in (s.index, s.ids, *s.embeddings)]
+        return [manifest.Output.from_dict(record, store) for record in records]
+    except (pydantic.ValidationError, KeyError, TypeError, storage.StorageError) as exc:
+        raise LineageError(f"{uri}: not a segment table ({type(exc).__name__}: {' '.join(str(exc).split())})") from None
 
 
 def _target_uri(store: str, target: str) -> str:

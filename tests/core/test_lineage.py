@@ -3,11 +3,13 @@ import re
 from datetime import date
 from pathlib import Path
 
+import faiss
+import numpy as np
 import pytest
 
 from tasks import cli
 from tasks.core import catalog, config, lineage, storage
-from tasks.core.catalog import ModelPointer
+from tasks.core.catalog import ModelPointer, Stage
 from tasks.stages import build_index, encode_teacher, stage_corpus
 from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
 
@@ -126,6 +128,63 @@ def test_one_flipped_byte_in_a_teacher_shard_fails_naming_it(indexed, capsys):
         assert shard in err and "manifests/fit_pca/" in err and "Traceback" not in err
     finally:
         path.write_bytes(body)
+
+
+def _another_faiss_index(path: Path) -> bytes:
+    """A valid FAISS index (8-d, other vectors) in place of the one at ``path``."""
+    index = faiss.IndexFlatIP(8)
+    index.add(np.random.default_rng(0).standard_normal((40, 8)).astype("float32"))
+    return faiss.serialize_index(index).tobytes()
+
+
+def _flipped(path: Path) -> bytes:
+    body = path.read_bytes()
+    return body[:100] + bytes([body[100] ^ 1]) + body[101:]
+
+
+@pytest.mark.parametrize(
+    ("file", "replacement"),
+    [
+        ("segments/*/index.faiss", _another_faiss_index),
+        ("segments/*/ids-*", _flipped),
+        ("student_embeddings/*", _flipped),
+    ],
+)
+def test_a_segment_file_replaced_under_the_promoted_index_fails_naming_it(indexed, capsys, file, replacement):
+    """``hpd search`` refuses an index whose segment files are not what its table records; so does the audit."""
+    store, _ = indexed
+    pointer, _ = catalog.read_pointer(store, catalog.Pointer.INDEX)
+    folder = Path(pointer.index.removeprefix("file://")).parent
+    path = sorted(folder.glob(file))[0]
+    body = path.read_bytes()
+    path.write_bytes(replacement(path))
+    try:
+        uri = storage.to_uri(str(path))
+        with pytest.raises(lineage.LineageError, match=re.escape(uri) + r": sha256 mismatch.*segments\.json"):
+            lineage.trace(store, "indexes/current.json")
+        capsys.readouterr()
+        assert cli.main(["lineage", "--store", store]) == 1
+        err = capsys.readouterr().err
+        assert uri in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    finally:
+        path.write_bytes(body)
+    assert {catalog.store_key(store, storage.to_uri(str(path)))} <= set(
+        _objects(lineage.trace(store, "indexes/current.json"))
+    )
+
+
+def test_a_segment_file_the_table_and_its_manifest_record_differently_fails_naming_it(indexed):
+    store, _ = indexed
+    built = Path(catalog.manifest_uri(store, Stage.BUILD_INDEX, "tiny").removeprefix("file://"))
+    body = built.read_text()
+    record = json.loads(body)
+    faiss_file = next(o for o in record["outputs"] if o["key"].endswith("/index.faiss"))
+    built.write_text(body.replace(faiss_file["sha256"], "0" * 64))
+    try:
+        with pytest.raises(lineage.LineageError, match=re.escape(faiss_file["key"]) + r": sha256 .* in the segment"):
+            lineage.trace(store, "indexes/current.json")
+    finally:
+        built.write_text(body)
 
 
 def test_a_source_gone_is_unavailable_and_a_changed_one_fails(indexed):
