@@ -1,5 +1,11 @@
 # Set-up and entry points. README names `make demo` and `make test`; the rest are for developers.
 PYTHON ?= python3.11
+# The Pythons the lock installs on (pyproject.toml's requires-python): MIN_PYTHON, Debian 12's python3.11, or a later
+# 3.11. The oldest one there is, for `make check-oldest-python`: Debian's packaged python3.11 where it exists.
+MIN_PYTHON := 3.11.2
+OLDEST_PYTHON ?= /usr/bin/python3.11
+# What `make lock` holds back: these packages' later releases need Python 3.11.5.
+LOCK_CONSTRAINTS := soupsieve<3 pymdown-extensions<13
 VENV := .venv
 BIN := $(VENV)/bin
 INSTALLED := $(VENV)/.installed
@@ -14,9 +20,18 @@ HPD := HPD_STORE=$(STORE) $(BIN)/hpd
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: venv test-tools demo airflow test check coverage lint bench lock clean postgresql-server
+.PHONY: venv test-tools demo airflow test check coverage lint bench lock check-oldest-python clean postgresql-server
+
+# $(call check_python,INTERPRETER): a shell command that refuses, in one line, an interpreter that is missing or is not
+# a Python the lock installs on.
+comma := ,
+check_python = v=$$($(1) -c 'import sys; v = sys.version_info[:3]; print(*v, sep="."); \
+	sys.exit(not ($(subst .,$(comma),$(MIN_PYTHON))) <= v < (3, 12))' 2>/dev/null) && [ -n "$$v" ] || { echo \
+	"make: $(1) is $${v:+Python }$${v:-not found or not Python 3}; hpd-pipeline needs Python $(MIN_PYTHON) \
+	or a later 3.11: make PYTHON=/path/to/python3.11 names one (README: What you need)" >&2; exit 1; }
 
 $(INSTALLED): requirements.lock requirements-models.lock pyproject.toml
+	@$(call check_python,$(PYTHON))
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet pip==26.3 setuptools==84.2.1
 	$(BIN)/pip install --quiet -r requirements.lock
@@ -97,13 +112,30 @@ lint: venv
 bench: venv
 	$(BIN)/python -m bench
 
-# Regenerate requirements.lock from a clean resolve of pyproject.toml (needs the package index).
+# Regenerate requirements.lock from a clean resolve of pyproject.toml (needs the package index), held to what installs
+# on the oldest supported Python (LOCK_CONSTRAINTS), then check that it resolves there.
 lock:
+	@$(call check_python,$(PYTHON))
 	rm -rf /tmp/hpd-lock-venv && $(PYTHON) -m venv /tmp/hpd-lock-venv
-	/tmp/hpd-lock-venv/bin/pip install --quiet pip==26.3 && /tmp/hpd-lock-venv/bin/pip install --quiet -e '.[dev]'
+	printf '%s\n' $(foreach c,$(LOCK_CONSTRAINTS),'$(c)') > /tmp/hpd-lock-venv/constraints.txt
+	/tmp/hpd-lock-venv/bin/pip install --quiet pip==26.3 && \
+	  /tmp/hpd-lock-venv/bin/pip install --quiet -c /tmp/hpd-lock-venv/constraints.txt -e '.[dev]'
 	{ sed -n '1,/^setuptools==/p' requirements.lock; \
 	  /tmp/hpd-lock-venv/bin/pip freeze --exclude-editable | sed 's/^torch==\(.*\)+cpu$$/torch==\1/'; \
 	} > requirements.lock.new && mv requirements.lock.new requirements.lock
+	$(MAKE) --no-print-directory check-oldest-python
+
+# The lock and the project resolve (nothing is installed) under OLDEST_PYTHON, in a temporary virtualenv: what `make`
+# installs, checked on the oldest Python it claims (about 15 s). Skipped where there is no such interpreter.
+check-oldest-python:
+	@if [ ! -x $(OLDEST_PYTHON) ]; then echo "check-oldest-python: skipped: no $(OLDEST_PYTHON)"; exit 0; fi; \
+	$(call check_python,$(OLDEST_PYTHON)); \
+	echo "check-oldest-python: requirements.lock and . with $(OLDEST_PYTHON) (Python $$v)"; \
+	d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && $(OLDEST_PYTHON) -m venv $$d/venv && \
+	$$d/venv/bin/pip install --quiet pip==26.3 setuptools==84.2.1 && \
+	$$d/venv/bin/pip install --dry-run --ignore-installed --no-build-isolation -r requirements.lock -e . \
+	  >$$d/log 2>&1 || { cat $$d/log; echo "check-oldest-python: the lock does not install on $$v" >&2; exit 1; }; \
+	echo "check-oldest-python: ok, $$(sed -n 's/^Would install //p' $$d/log | wc -w) packages resolve"
 
 clean:
 	rm -rf $(VENV) var
