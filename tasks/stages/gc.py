@@ -23,7 +23,9 @@ retention (their writers are gone by then). With ``dry_run`` nothing is deleted 
 recorded). The listing comes first and the manifests are read after it, so a manifest published
 meanwhile still protects what it lists, and an object written after the listing is not a candidate.
 A manifest or pointer that does not read stops the run before anything is deleted (nothing it
-references can be known).
+references can be known), and so does a manifest a pointer names that is missing (a lost kept version: what the
+promoted run lists cannot be known); a manifest no pointer names that is missing was deleted since the listing
+(by another gc run), and what it listed is left to the next run.
 
 Each run records its manifest at ``manifests/gc/<UTC time>.json``: the deleted objects' count, bytes
 and store-relative keys (with ``dry_run``: what would have been deleted), and the marks
@@ -128,22 +130,25 @@ def _marks_left(marks: dict[str, datetime], doomed: list[storage.ListedObject], 
 def live_set(store: str, listed: list[storage.ListedObject]) -> set[str]:
     """URIs that must stay: manifests and what they list, the pointers and what they name, the kept manifest
     versions a pointer or a live manifest names and what those list (and so on), live checkpoint folders, and
-    the lock files of existing objects. Raises when a manifest or pointer does not read."""
+    the lock files of existing objects. Raises when a manifest or pointer does not read, or a manifest a pointer
+    names is missing."""
     uris = {o.uri for o in listed}
     manifests_root = storage.join(store, "manifests") + "/"
     live = {uri for uri in uris if uri.startswith(manifests_root) and not storage.hidden(uri)}
-    live |= pointed_at(store)
+    named, promoted = pointed_at(store)
+    live |= named
     versions_root = catalog.manifest_versions_prefix(store) + "/"
     manifests = {uri for uri in live if uri.endswith(".json") and uri.startswith((manifests_root, versions_root))}
-    live |= _listed_by(store, manifests)
+    live |= _listed_by(store, manifests | set(promoted), promoted)
     live |= staged_ids.live(store)
     live |= live_checkpoints(store, uris)
     live |= {uri for uri in uris if _lock_target(uri) in uris}
     return live
 
 
-def _listed_by(store: str, manifests: set[str]) -> set[str]:
-    """What ``manifests`` list, followed through every kept manifest version one of them names."""
+def _listed_by(store: str, manifests: set[str], promoted: dict[str, list[str]]) -> set[str]:
+    """What ``manifests`` list, followed through every kept manifest version one of them names; those of
+    ``promoted`` (manifest -> the pointers naming it) must exist."""
     versions_root = catalog.manifest_versions_prefix(store) + "/"
     pending, read, live = list(manifests), set(), set()
     while pending:
@@ -151,32 +156,43 @@ def _listed_by(store: str, manifests: set[str]) -> set[str]:
         if uri in read or not (uri.startswith(versions_root) or uri in manifests):
             continue
         read.add(uri)
-        found = referenced(store, uri)
+        found = referenced(store, uri, promoted.get(uri, []))
         live |= found
         pending += found - read
     return live
 
 
-def referenced(store: str, uri: str) -> set[str]:
-    """The manifest at ``uri`` and every input and output it lists (nothing if it vanished since the
-    listing); :class:`manifest.ManifestError` naming it when it is not a valid manifest."""
+def referenced(store: str, uri: str, named_by: list[str] | None = None) -> set[str]:
+    """The manifest at ``uri`` and every input and output it lists (nothing if it vanished since the listing
+    and no pointer names it); :class:`manifest.ManifestError` naming it when it is not a valid manifest, or is
+    missing while pointers (``named_by``) name it."""
     try:
         body = storage.read_bytes(uri)
     except storage.ObjectNotFound:
+        if named_by:
+            raise manifest.ManifestError(
+                f"{uri}: missing, and {' and '.join(named_by)} names it: gc deletes nothing while what is promoted "
+                "is unknown (restore the manifest or promote another run)"
+            ) from None
         return set()
     published = manifest.parse(uri, body, store)
     return {uri} | {o.uri for o in published.outputs} | {i.uri for i in published.inputs}
 
 
-def pointed_at(store: str) -> set[str]:
-    """Both pointers and every object they name; :class:`catalog.PointerError` when one does not read."""
-    live = set()
+def pointed_at(store: str) -> tuple[set[str], dict[str, list[str]]]:
+    """Both pointers and every object they name; and the manifests they name (each with the pointers naming it:
+    the validation or build, and the distill run). :class:`catalog.PointerError` when one does not read."""
+    live, promoted = set(), dict[str, list[str]]()
     for pointer in Pointer:
-        live.add(catalog.pointer_uri(store, pointer))
+        uri = catalog.pointer_uri(store, pointer)
+        live.add(uri)
         value, _ = catalog.read_pointer(store, pointer)
         if value is not None:
             live |= {field for field in asdict(value).values() if isinstance(field, str) and "://" in field}
-    return live
+            run = value.validation if isinstance(value, catalog.ModelPointer) else value.manifest
+            for named in (run, catalog.distill_manifest_uri(store, value)):
+                promoted.setdefault(named, []).append(uri)
+    return live, promoted
 
 
 def live_checkpoints(store: str, uris: set[str]) -> set[str]:

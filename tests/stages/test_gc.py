@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import time
 from datetime import UTC, date, datetime, timedelta
 
@@ -148,7 +149,8 @@ def test_gc_keeps_what_manifests_pointers_and_live_checkpoints_reference(tmp_pat
     }
     for uri, body in planted.items():
         storage.write_bytes(uri, body)
-    pointer = {"index": "indexes/x/index.faiss", "ids": "indexes/x/index.faiss", "manifest": "m.json"}
+    built = catalog.store_key(store, staged.manifest_uri)  # a manifest that reads stands in for the build's
+    pointer = {"index": "indexes/x/index.faiss", "ids": "indexes/x/index.faiss", "manifest": built, "model": built}
     storage.write_bytes(
         catalog.pointer_uri(store, catalog.Pointer.INDEX),
         json.dumps({**pointer, "model_run": "x", "dim": 8, "run_id": "r"}).encode(),
@@ -176,6 +178,51 @@ def test_gc_refuses_to_delete_anything_when_a_manifest_does_not_read(tmp_path):
     with pytest.raises(manifest.ManifestError, match=uri):
         _gc(store, retention_hours=0)
     assert storage.exists(orphan)
+
+
+def test_gc_stops_when_a_manifest_a_pointer_names_is_missing(tmp_path, capsys):
+    """A lost kept version (a bad copy or sync): what the promoted run lists is unknown, so nothing is deleted."""
+    store = storage.to_uri(str(tmp_path / "store"))
+    source = tmp_path / "raw.txt"
+    source.write_text("one\ntwo\n")
+    staged = _corpus(store, source, shard_rows=1)
+    lost = "manifest_versions/build_index/x/r.json"
+    pointer = {"index": "indexes/x/r/segments.json", "ids": None, "manifest": lost, "model_run": "x", "dim": 8}
+    model = catalog.store_key(store, staged.manifest_uri)
+    index_pointer = catalog.pointer_uri(store, catalog.Pointer.INDEX)
+    storage.write_bytes(index_pointer, json.dumps({**pointer, "run_id": "r", "model": model}).encode())
+    orphan = storage.join(store, "indexes", "x", "r", "segments", "2026-11-01", "index.faiss")
+    storage.write_bytes(orphan, b"a segment only the lost version lists")
+    _backdate(orphan)
+    with pytest.raises(
+        manifest.ManifestError,
+        match=re.escape(f"{catalog.resolve(store, lost)}: missing, and {index_pointer} names it"),
+    ):
+        _gc(store, retention_hours=0)
+    assert storage.exists(orphan) and manifest.list_keys(store, Stage.GC) == []
+    assert cli.main(["gc", "--store", store, "--retention-hours", "0", "--quiet"]) == 1
+    err = capsys.readouterr().err
+    assert lost in err and index_pointer in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert storage.exists(orphan) and manifest.list_keys(store, Stage.GC) == []
+
+
+def test_a_manifest_deleted_between_the_listing_and_its_read_is_passed_over(tmp_path, monkeypatch):
+    """No pointer names it: another gc run deleted it meanwhile; what it listed is left to the next run."""
+    store = storage.to_uri(str(tmp_path / "store"))
+    source = tmp_path / "raw.txt"
+    source.write_text("one\ntwo\n")
+    staged = _corpus(store, source, shard_rows=1)
+    listing = storage.list_objects
+
+    def list_then_delete(prefix: str) -> list[storage.ListedObject]:
+        listed = listing(prefix)
+        if storage.exists(staged.manifest_uri):
+            storage.delete(staged.manifest_uri)
+        return listed
+
+    monkeypatch.setattr(storage, "list_objects", list_then_delete)
+    swept = _gc(store, retention_hours=0)
+    assert swept.stats["deleted_keys"] == _keys(store, (o.uri for o in staged.outputs))
 
 
 def test_hpd_gc_from_the_cli(tmp_path, capsys, monkeypatch, caplog):
