@@ -3,6 +3,8 @@
 Code reads them through :func:`current` (the environment as it is now: tests and runs change it), never
 ``os.environ`` directly; ``docs/reference/configuration.md`` is generated from this model (``python -m
 tasks.reference``). An empty variable counts as unset, except ``HPD_SERVE_URL``, where it turns the service off.
+A URI setting that carries credentials (``scheme://user:secret@...``) is refused, except ``HPD_TRACKING_URI``, which
+MLflow reads as it is (the code shows it only redacted); no error shows the credentials of a value.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from tasks.core.uris import redact
 
 PREFIX = "HPD_"
 MIB = 1024 * 1024
@@ -143,6 +147,14 @@ class Settings(BaseModel):
         description="the admin password of `make airflow`'s local Airflow; unset: one generated once into its home",
     )
 
+    @field_validator("store", "default_source", "default_teacher", "default_student", "serve_url")
+    @classmethod
+    def _no_credentials(cls, value: str) -> str:
+        """A URI with credentials is refused: they would reach log lines, errors and records."""
+        if redact(value) != value:
+            raise ValueError("credentials do not belong in a URI: use the environment or an Airflow connection")
+        return value
+
     @field_validator("alert_email", mode="before")
     @classmethod
     def _split(cls, value: Any) -> Any:
@@ -183,7 +195,7 @@ def env_name(field: str) -> str:
 
 def current(environ: Mapping[str, str] | None = None) -> Settings:
     """The settings from ``environ`` (default: the process environment); raises :class:`SettingsError` naming each
-    wrong variable."""
+    wrong variable (its value without the credentials of a URI in it)."""
     environ = os.environ if environ is None else environ
     values = {}
     for name in Settings.model_fields:
@@ -196,5 +208,5 @@ def current(environ: Mapping[str, str] | None = None) -> Settings:
         wrong = []
         for error in exc.errors():
             name = str(error.get("loc", ("",))[0])
-            wrong.append(f"  {env_name(name)}={values.get(name)!r}: {error.get('msg')}")
+            wrong.append(f"  {env_name(name)}={redact(values.get(name, ''))!r}: {error.get('msg')}")
         raise SettingsError("invalid environment:\n" + "\n".join(wrong)) from None

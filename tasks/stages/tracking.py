@@ -8,15 +8,20 @@ it, a stage with tracking on fails at once with a :class:`~tasks.core.config.Con
 A run is reported once it is published (a skipped run reports nothing), as one MLflow run named
 ``<stage>/<run name>``, tagged with the stage run's id and manifest key. Parameters never carry a local path:
 the store is left out and a path-like value is named by its last segment. Reporting is a side channel: a
-tracking server that fails is logged as a warning and fails nothing, the run being published already.
+tracking server that fails is logged as a warning and fails nothing, the run being published already; MLflow's
+HTTP retries and timeout are bounded for these calls (:data:`HTTP_LIMITS`, unless the environment sets them), so a
+server that is down costs seconds. The tracking URI is never shown with its credentials (user-info removed).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
 import re
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import PurePosixPath
@@ -26,12 +31,20 @@ from pydantic import BaseModel
 
 from tasks.core import settings
 from tasks.core.config import ConfigError
+from tasks.core.uris import redact
 
 TRACKING_URI = "HPD_TRACKING_URI"
 EXPERIMENT = "HPD_TRACKING_EXPERIMENT"
 DEFAULT_EXPERIMENT = "hpd-pipeline"
 HIDDEN_PARAMS = frozenset({"store"})  # the store root is a deployment detail (and may be a local path)
 BATCH = 1000  # metrics per MLflow log_batch call (its limit)
+# MLflow's HTTP client retries a request 7 times with a backoff, each attempt waiting up to 120 s: a server that is
+# down would hold a finished run about 4 minutes. For our calls: 2 retries, 1 s backoff factor, 10 s per attempt.
+HTTP_LIMITS = {
+    "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+    "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+}
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +72,11 @@ class Tracker:
     def log(self, report: Report) -> str | None:
         """Report ``report`` as one finished MLflow run; its id, or None (warned) when the store fails."""
         try:
-            return self._logged(report)
+            with bounded_http():
+                return self._logged(report)
         except Exception as exc:  # noqa: BLE001 - any failure of the tracking store is reported, not raised
-            log.warning("%s %s: not reported to MLflow at %s: %s", report.stage, report.name, self.uri, exc)
+            where, why = redact(self.uri), redact(str(exc))
+            log.warning("%s %s: not reported to MLflow at %s: %s", report.stage, report.name, where, why)
             return None
 
     def _logged(self, report: Report) -> str:
@@ -97,10 +112,23 @@ def tracker() -> Tracker | None:
         import mlflow  # noqa: F401
     except ImportError:
         raise ConfigError(
-            f"{TRACKING_URI} is set ({uri}) but MLflow is not installed: install the extra "
+            f"{TRACKING_URI} is set ({redact(uri)}) but MLflow is not installed: install the extra "
             "`pip install 'hpd-pipeline[tracking]'`, or unset it to turn tracking off"
         ) from None
     return Tracker(uri, configured.tracking_experiment.strip() or DEFAULT_EXPERIMENT)
+
+
+@contextlib.contextmanager
+def bounded_http() -> Iterator[None]:
+    """MLflow's HTTP retries and timeout bounded (:data:`HTTP_LIMITS`) while in the block, where the environment
+    does not set them; MLflow reads them at each request."""
+    unset = [name for name in HTTP_LIMITS if name not in os.environ]
+    os.environ.update({name: HTTP_LIMITS[name] for name in unset})
+    try:
+        yield
+    finally:
+        for name in unset:
+            os.environ.pop(name, None)
 
 
 def params_of(params: BaseModel) -> dict[str, str]:

@@ -3,7 +3,9 @@ back through MLflow's client from a local SQLite tracking store (MLflow 3 refuse
 
 import json
 import logging
+import socket
 import sys
+import time
 from datetime import date
 
 import pytest
@@ -95,6 +97,21 @@ def test_a_failing_tracking_store_is_a_warning(caplog):
     with caplog.at_level(logging.WARNING, logger="tasks.stages.tracking"):
         assert tracking.Tracker("unsupported-scheme://nowhere").log(report) is None
     assert "distill x: not reported to MLflow at unsupported-scheme://nowhere" in caplog.text
+
+
+def test_a_tracking_server_down_after_a_finished_distill_is_a_redacted_warning(tracked, monkeypatch, caplog):
+    """The run is published: the stage succeeds, warns without the URI's password, and waits seconds, not minutes."""
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv(tracking.TRACKING_URI, f"http://user:topsecret@127.0.0.1:{port}")
+    start = time.monotonic()
+    with caplog.at_level(logging.DEBUG):
+        distilled = distill_tiny(tracked, "server-down", max_steps=1)
+    assert time.monotonic() - start < 60 and not distilled.skipped
+    assert manifest.read(tracked["store"], Stage.DISTILL, "server-down") is not None
+    assert f"distill server-down: not reported to MLflow at http://127.0.0.1:{port}: " in caplog.text
+    assert "topsecret" not in caplog.text
 
 
 def test_parameters_never_carry_a_local_path():
