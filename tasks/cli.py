@@ -360,12 +360,17 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _search(args: argparse.Namespace) -> int:
-    from tasks.serve import client
+    from tasks.serve import client, queries
 
-    store = _store(args)
-    answered = None if args.local else client.search(store, args.query, args.k)
     try:
-        hits = answered.hits if answered else _search_here(store, args.query, args.k)
+        query = queries.checked(args.query)
+    except queries.QueryError as exc:
+        print(f"hpd: error: {exc}", file=sys.stderr)
+        return 1
+    store = _store(args)
+    answered = None if args.local else client.search(store, query, args.k)
+    try:
+        hits = answered.hits if answered else _search_here(store, query, args.k)
     except (ValueError, StorageError) as exc:
         print(f"hpd: error: {exc}", file=sys.stderr)
         return 1

@@ -1,5 +1,6 @@
 import argparse
 import json
+import os
 import re
 import shlex
 import subprocess
@@ -68,6 +69,31 @@ def test_bad_input_exits_1_naming_it(tmp_path, capsys):
     assert cli.main(["stage-corpus", "--source", str(bad), "--ingest-date", "2026-11-30", "--store", str(store)]) == 1
     assert f"file://{bad}: not valid UTF-8" in capsys.readouterr().err
     assert not store.exists() or storage.list_uris(storage.to_uri(str(store))) == []
+
+
+@pytest.mark.parametrize(
+    ("query", "problem"),
+    [
+        ("", "the query is empty"),
+        ("  \t ", "the query is empty"),
+        ("\x00\x1b", "the query is empty"),
+        ("a dog\udcff", "the query is not valid UTF-8"),  # byte 0xff on a command line, as Python decodes it
+    ],
+)
+def test_a_search_without_text_or_not_utf8_exits_1_saying_so(tmp_path, capsys, monkeypatch, query, problem):
+    monkeypatch.setenv("HPD_SERVE_URL", "http://127.0.0.1:9")  # were a service asked, this one is down
+    assert cli.main(["search", query, "--store", str(tmp_path / "store")]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith(f"hpd: error: {problem}") and captured.out == ""
+    assert len(captured.err.splitlines()) == 1 and "Traceback" not in captured.err
+
+
+def test_a_search_for_bytes_that_are_not_utf8_exits_1_from_the_command_line(tmp_path):
+    hpd = Path(sys.executable).parent / "hpd"
+    argv = [bytes(hpd), b"search", b"caf\xe9 \xff", b"--store", bytes(tmp_path / "store")]
+    done = subprocess.run(argv, capture_output=True, timeout=120, env={**os.environ, "HPD_SERVE_URL": "off"})
+    assert done.returncode == 1 and done.stdout == b""
+    assert done.stderr.decode() == "hpd: error: the query is not valid UTF-8 text\n"
 
 
 def test_installed_entry_point_has_a_help_per_stage():

@@ -1,7 +1,8 @@
 """The HTTP search service (FastAPI): ``GET /health``, ``GET /search?q=...&k=5`` and ``POST /search``
 with ``{"queries": [...], "k": 5}``. Every answer names the index that gave it (model run, index key, the
 pointer's etag). ``k`` is 1..:data:`MAX_K`, a batch holds at most :data:`MAX_BATCH` queries of at most
-:data:`MAX_QUERY_CHARS` characters; anything else is a 422 naming the field. 503 while no index is loaded.
+:data:`MAX_QUERY_CHARS` characters, each text in valid UTF-8 (:mod:`tasks.serve.queries`); anything else is a 422
+naming the field and the problem. 503 while no index is loaded.
 
 One query through the student's ONNX graph is answered on the event loop itself: its work is bounded (one
 query, truncated at the student's token limit, then one search; 7 ms p50 of encoding on 2 cores) and waits on
@@ -13,24 +14,36 @@ never waits on a lock.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
+from urllib.parse import parse_qsl
 
-from fastapi import FastAPI, HTTPException, Query
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from tasks.ml.hits import Hit
 from tasks.ml.vector_index import LoadedIndex
 from tasks.serve.holder import IndexHolder, describe
+from tasks.serve.queries import QueryError, checked
 
 MAX_K = 1000  # as `hpd search -k` (tasks.cli.MAX_HITS)
 MAX_BATCH = 256
 MAX_QUERY_CHARS = 10_000
 DEFAULT_PORT = 8765
 
-QueryText = Annotated[str, Field(min_length=1, max_length=MAX_QUERY_CHARS)]
+
+def _text(value: object) -> object:
+    """A query string checked (:func:`checked`) before pydantic's own validation, which refuses a lone surrogate
+    as "not a valid string", less clearly."""
+    return checked(value) if isinstance(value, str) else value
+
+
+QueryText = Annotated[str, BeforeValidator(_text), Field(min_length=1, max_length=MAX_QUERY_CHARS)]
 
 
 class BatchRequest(BaseModel):
@@ -45,6 +58,26 @@ def _served(holder: IndexHolder) -> LoadedIndex:
     if served is None:
         raise HTTPException(503, f"no index loaded yet: {holder.last_error or 'nothing promoted'}")
     return served
+
+
+def _utf8_query(request: Request) -> None:
+    """Refuse a ``q`` whose percent-encoded bytes are not UTF-8: the query-string parser would have made them
+    U+FFFD, a query nobody typed."""
+    raw = request.scope.get("query_string", b"").decode("latin-1")
+    queries = [value for name, value in parse_qsl(raw, keep_blank_values=True, errors="surrogateescape") if name == "q"]
+    for query in queries:
+        try:
+            checked(query)
+        except QueryError as exc:
+            raise RequestValidationError([{"type": "value_error", "loc": ("query", "q"), "msg": str(exc)}]) from None
+
+
+async def _unprocessable(_: Request, exc: Exception) -> Response:
+    """FastAPI's 422, but as ASCII JSON: a rejected input that is no valid text (a lone surrogate) is escaped
+    rather than failing the answer's encoding."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    body = json.dumps({"detail": jsonable_encoder(errors)}, ensure_ascii=True)
+    return Response(body, status_code=422, media_type="application/json")
 
 
 def _as_json(hits: list[Hit]) -> list[dict[str, Any]]:
@@ -66,6 +99,7 @@ def create_app(holder: IndexHolder, poll: bool = True) -> FastAPI:
             holder.stop()
 
     app = FastAPI(title="hpd search", lifespan=lifespan)
+    app.add_exception_handler(RequestValidationError, _unprocessable)
 
     @app.get("/health")
     def health() -> JSONResponse:
@@ -74,7 +108,7 @@ def create_app(holder: IndexHolder, poll: bool = True) -> FastAPI:
 
     # The answers are JSONResponses made here (plain JSON types only): FastAPI passes a returned Response through,
     # without validating it against a response model and re-encoding it (0.6 ms a query on 2 cores).
-    @app.get("/search")
+    @app.get("/search", dependencies=[Depends(_utf8_query)])
     async def search_one(
         q: Annotated[QueryText, Query()], k: Annotated[int, Query(ge=1, le=MAX_K)] = 5
     ) -> JSONResponse:

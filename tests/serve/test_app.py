@@ -186,6 +186,31 @@ def test_bad_requests_are_422_naming_the_field(service, method, request_args, fi
     assert field in [str(part) for error in response.json()["detail"] for part in error["loc"]]
 
 
+_JSON = {"content-type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "request_args", "problem"),
+    [
+        ("GET", "/search?q=%20%20", {}, "the query is empty"),
+        ("GET", "/search?q=%09%00%1B", {}, "the query is empty"),
+        ("GET", "/search?q=caf%E9%FF", {}, "the query is not valid UTF-8"),  # bytes that do not decode
+        ("GET", "/search?k=2&q=a%ED%B3%BFb", {}, "the query is not valid UTF-8"),  # an encoded surrogate
+        ("POST", "/search", {"json": {"queries": ["cats", " \n "]}}, "the query is empty"),
+        ("POST", "/search", {"content": b'{"queries": ["cats", "a\\udcff"]}', "headers": _JSON}, "not valid UTF-8"),
+    ],
+)
+def test_a_query_without_text_or_not_utf8_is_422_saying_so(service, method, path, request_args, problem):
+    response = httpx.request(method, f"{service}{path}", **request_args)
+    assert response.status_code == 422
+    assert any(problem in error["msg"] for error in response.json()["detail"])
+
+
+def test_a_text_query_with_a_replacement_character_is_searched(service):
+    """U+FFFD typed and sent as UTF-8 is text: only bytes that do not decode are refused."""
+    assert httpx.get(f"{service}/search", params={"q": "caf\ufffd", "k": 1}).status_code == 200
+
+
 def test_no_index_yet_is_503(tmp_path):
     empty = storage.to_uri(str(tmp_path / "empty"))
     with TestClient(serve_app.create_app(IndexHolder(empty, 60), poll=False)) as client:
