@@ -4,7 +4,7 @@ The packaged models (teacher all-mpnet-base-v2, student all-MiniLM-L6-v2) throug
 ``var/bench/bounded_retrain``: ``DAY_ROWS`` distinct corpus sentences a day for ``len(OLD)`` older days and one
 new day, staged and encoded by the teacher. The promoted model learned the older days (PCA-128 over them, then
 ``PROMOTED_STEPS`` steps from the base model). The retrain learns what the policy selects
-(:func:`tasks.orchestration.retrain_policy.training_partitions` with ``max_train_rows`` = ``BUDGET``: the new
+(:func:`tasks.orchestration.day_plan.training_partitions` with ``max_train_rows`` = ``BUDGET``: the new
 day and a replay sample of the older ones) with a PCA fitted on them, for ``RETRAIN_STEPS`` steps of the same
 batch and seed, once from the promoted student (``warm_start``) and once from the base model. Scored on STS-B
 and SICK-R test (Spearman x100 of cosine similarity) beside the same-size baseline (MiniLM-L6 without
@@ -25,7 +25,7 @@ from bench import CORPUS, REPO, results
 from tasks.core import catalog, config, manifest, sentences, storage
 from tasks.core.catalog import ModelPointer, Stage
 from tasks.ml import models, precision, sts
-from tasks.orchestration import retrain_policy
+from tasks.orchestration import day_plan
 from tasks.stages import distill, encode_teacher, fit_pca, stage_corpus
 
 ROOT = REPO / "var" / "bench" / "bounded_retrain"
@@ -131,7 +131,7 @@ def main() -> dict:
     _fit("k128-old", OLD)
     promoted = trained("promoted", "k128-old", PROMOTED_STEPS)
     _promote("promoted")
-    selected = retrain_policy.training_partitions(STORE, models.DEFAULT_TEACHER, BUDGET)
+    selected = day_plan.training_partitions(STORE, models.DEFAULT_TEACHER, BUDGET)
     _fit("k128-bounded", selected)
     warm = trained("warm", "k128-bounded", RETRAIN_STEPS, warm_start="promoted")
     base = trained("base", "k128-bounded", RETRAIN_STEPS)

@@ -8,8 +8,8 @@ packaged models (teacher all-mpnet-base-v2, student all-MiniLM-L6-v2), each poli
   partition, the student from the base model on all of them), then the index is built again with the new student
   over the whole corpus; a day's sentences are searchable once all of that is done.
 - ``policy`` (today's ``hpd_retrain`` and ``hpd_index``): the index takes the day's partition with the promoted
-  student (one new segment); then :func:`tasks.orchestration.retrain_policy.decide` decides, and a retrain learns
-  the partitions :func:`~tasks.orchestration.retrain_policy.training_partitions` selects within ``MAX_TRAIN_ROWS``,
+  student (one new segment); then :func:`tasks.orchestration.day_plan.decide` decides, and a retrain learns
+  the partitions :func:`~tasks.orchestration.day_plan.training_partitions` selects within ``MAX_TRAIN_ROWS``,
   warm-started from the promoted student as ``hpd_retrain``'s default says, and its student re-encodes the corpus
   once. The policy's thresholds are ``hpd_retrain``'s defaults; ``MAX_TRAIN_ROWS`` is ten days' rows.
 
@@ -38,10 +38,10 @@ from datetime import date, timedelta
 from typing import Any
 
 from bench import CORPUS, REPO, results
-from tasks.core import catalog, config, lineage, manifest, sentences, storage
+from tasks.core import catalog, config, manifest, partitions, sentences, storage
 from tasks.core.catalog import ModelPointer, Stage
 from tasks.ml import models, precision, vector_index
-from tasks.orchestration import retrain_policy
+from tasks.orchestration import day_plan
 from tasks.orchestration.run_records import RetrainParams
 from tasks.stages import build_index, distill, encode_teacher, fit_pca, stage_corpus
 
@@ -50,7 +50,7 @@ DAYS = int(os.environ.get("HPD_BENCH_DAYS", 30))
 DAY_ROWS = int(os.environ.get("HPD_BENCH_DAY_ROWS", 100))
 MAX_TRAIN_ROWS = 10 * DAY_ROWS
 DEFAULTS = RetrainParams.model_fields  # hpd_retrain's policy as it ships
-POLICY = retrain_policy.Policy(DEFAULTS["retrain_fraction"].default, DEFAULTS["max_model_age_days"].default)
+POLICY = day_plan.Policy(DEFAULTS["retrain_fraction"].default, DEFAULTS["max_model_age_days"].default)
 OTHER_FRACTION = 0.5  # the policy is also run with this retrain_fraction, for the trade-off beside the default
 WARM_START: bool = DEFAULTS["warm_start"].default
 FIRST = date(2026, 1, 1)
@@ -142,7 +142,7 @@ def per_partition_day(day: Day, lines: list[str]) -> dict[str, Any]:
     started = time.perf_counter()
     day.ingest(lines)
     day.record.update(retrained=True, reason="new partition")
-    day.retrain(sorted(lineage.encoded_partitions(day.store, TEACHER)), None)
+    day.retrain(sorted(partitions.encoded_partitions(day.store, TEACHER)), None)
     day.index()
     day.searchable(started)
     return day.result()
@@ -152,21 +152,21 @@ def quiet_day(day: Day, lines: list[str]) -> dict[str, Any]:
     """A policy day's work without its retrain: staging, the teacher, the day's index segment, the decision."""
     day.ingest(lines)
     day.index()
-    day.timed("decide", lambda: retrain_policy.decide(day.store, TEACHER, POLICY))
+    day.timed("decide", lambda: day_plan.decide(day.store, TEACHER, POLICY))
     return day.result()
 
 
-def policy_day(day: Day, lines: list[str], policy: retrain_policy.Policy = POLICY) -> dict[str, Any]:
+def policy_day(day: Day, lines: list[str], policy: day_plan.Policy = POLICY) -> dict[str, Any]:
     started = time.perf_counter()
     day.ingest(lines)
     promoted, _ = catalog.read_pointer(day.store, catalog.Pointer.MODEL)
     if promoted is not None:  # hpd_index takes the partition with the promoted student
         day.index()
         day.searchable(started)
-    decision = day.timed("decide", lambda: retrain_policy.decide(day.store, TEACHER, policy))
+    decision = day.timed("decide", lambda: day_plan.decide(day.store, TEACHER, policy))
     day.record.update(retrained=decision.retrain, reason=decision.reason, decision=decision.explanation)
     if decision.retrain:
-        chosen = day.timed("decide", lambda: retrain_policy.training_partitions(day.store, TEACHER, MAX_TRAIN_ROWS))
+        chosen = day.timed("decide", lambda: day_plan.training_partitions(day.store, TEACHER, MAX_TRAIN_ROWS))
         day.retrain(chosen, promoted.model_run if promoted is not None and WARM_START else None)
         day.index("reindex")  # the new student encodes the corpus once
         if promoted is None:
@@ -178,7 +178,7 @@ POLICIES: dict[str, Callable[[Day, list[str]], dict[str, Any]]] = {
     "per_partition": per_partition_day,
     "policy": policy_day,
     f"policy_retrain_fraction_{OTHER_FRACTION}": functools.partial(
-        policy_day, policy=retrain_policy.Policy(OTHER_FRACTION, POLICY.max_model_age_days)
+        policy_day, policy=day_plan.Policy(OTHER_FRACTION, POLICY.max_model_age_days)
     ),
 }
 

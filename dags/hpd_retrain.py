@@ -2,24 +2,26 @@
 ### hpd_retrain — fit the projection, distil the student, validate, promote
 
 On new data (the `hpd_corpus_updated` events `hpd_ingest` and a drift flag emit; their store is the
-run's store) and on manual trigger (params below). It first decides whether a retrain is worth running
-(`tasks/orchestration/retrain_policy.py`): when forced (`force`, partitions named, a backfill run), when
-nothing is promoted, when drift is flagged on a partition the promoted model has not seen, when the rows
-staged since its training reach `retrain_fraction` of the rows it has learned from, or when there are new rows and
-the model is older than `max_model_age_days`. Otherwise it ends there, green, training nothing (the index
-still takes the new partitions: `hpd_index`); the `decide` task's log and its `decision` XCom say why.
-Then it learns from a bounded set: the new partitions plus a replay sample of older ones, up to
-`max_train_rows`, starting from the promoted student (`warm_start`; a backfill's run starts from the base
-model and selects from every partition, so its model does not depend on the order the days came in). It fits
-the PCA over their teacher embeddings (writing the projected targets), distils the student (on the GPU
-workers' queue, or its executor, where the deployment has them; in a pod asking for `nvidia.com/gpu` under the
-KubernetesExecutor; CPU otherwise) once the great-expectations suites passed on every partition it learns from
-(sentences, teacher embeddings, projected targets: the quality stage `hpd_quality_report` runs; a failure
-fails the run before distilling), validate it (STS, fidelity, retrieval, quality gate, HTML report). A failed
-gate fails the run at once (red, with the reasons, scores and report in the log and the alert) and promotes
-nothing; a passing student becomes `models/current.json` and an `hpd_promoted_model` event (store, model run,
-scores, report) schedules `hpd_index`. Either way the `validate` task's **Validation report** link (its
-`validation_report` XCom) gives the report's URI in the store.
+run's store) and on manual trigger (params below). Its first task, `plan`, decides the day once
+(`tasks/orchestration/day_plan.py`) and pushes the plan as its `plan` XCom, which every later task reads:
+whether to retrain and why (forced: `force`, partitions named, a backfill run; nothing promoted; drift flagged
+on a partition the promoted model has not seen; the rows staged since its training reach `retrain_fraction` of
+the rows it has learned from; new rows and a model older than `max_model_age_days`), the partitions it learns
+from (the new ones, then a replay sample of older ones, while their teacher rows fit in `max_train_rows`: the
+teacher encodes a bounded sample of each partition at ingest), the model run it starts from (the promoted
+student with `warm_start`, keeping the PCA basis that student learned; a backfill's run starts from the base
+model and selects from every partition, so its model does not depend on the order the days came in) and the
+model run's name. Without a reason it ends there, green, training nothing (the index still takes the new
+partitions: `hpd_index`). Otherwise it fits the PCA over the plan's teacher rows (or projects them on the kept
+basis), writing the projected targets, distils the student (on the GPU workers' queue, or its executor, where the
+deployment has them; in a pod asking for `nvidia.com/gpu` under the KubernetesExecutor; CPU otherwise) once the
+great-expectations suites passed on every partition it learns from (sentences, teacher embeddings, projected
+targets: the quality stage `hpd_quality_report` runs; a failure fails the run before distilling), and validates
+it (STS, fidelity, retrieval, quality gate, HTML report). A failed gate fails the run at once (red, with the
+reasons, scores and report in the log and the alert) and promotes nothing; a passing student becomes
+`models/current.json` and an `hpd_promoted_model` event (store, model run, scores, report) schedules
+`hpd_index`. Either way the `validate` task's **Validation report** link (its `validation_report` XCom) gives
+the report's URI in the store.
 Errors another try cannot mend (bad params, bad input, a failed check) fail their task on the first try;
 the others (the store unreachable, a lost race) are retried twice.
 The logic lives in `tasks/`; this file only wires it. Params come from the stages' own parameter
@@ -30,7 +32,7 @@ differs, the param's description says why.
 from __future__ import annotations
 
 import pendulum
-from airflow.sdk import dag, task
+from airflow.sdk import XComArg, dag, task
 
 from tasks.orchestration.assets import CORPUS_UPDATED, PROMOTED_MODEL
 from tasks.orchestration.dag_params import stage_param
@@ -43,6 +45,7 @@ from tasks.orchestration.defaults import (
     DEPLOYMENT,
     DISTILL_EXECUTOR,
     GPU_QUEUE,
+    PLAN_XCOM,
     PROJECTION,
     STORE_PARAM,
     STUDENT,
@@ -129,22 +132,22 @@ from tasks.stages.params import DistillParams, FitPCAParams
 )
 def hpd_retrain():
     @task.short_circuit
-    def decide(**context) -> bool:
+    def plan(**context) -> bool:
         from tasks.orchestration import runtime
 
-        return runtime.decide_retrain(context)
+        return runtime.plan_day(context)  # pushes the plan (XCom "plan"); False ends the run here, green
 
     @task
-    def fit_pca(**context) -> str:
+    def fit_pca(day_plan: dict, **context) -> str:
         from tasks.orchestration import runtime
 
-        return runtime.fit_pca(context)
+        return runtime.fit_pca(context, day_plan)
 
     @task
-    def training_partitions(pca_name: str, **context) -> list[str]:
+    def training_partitions(day_plan: dict) -> list[str]:
         from tasks.orchestration import runtime
 
-        return runtime.pca_partitions(context, pca_name)
+        return runtime.training_partitions(day_plan)
 
     @task
     def check_quality(day: str, pca_name: str, **context) -> dict:
@@ -158,10 +161,10 @@ def hpd_retrain():
         executor_config=gpu_executor_config(),
         execution_timeout=pendulum.duration(hours=12),
     )
-    def distill(pca_name: str, **context) -> str:
+    def distill(day_plan: dict, pca_name: str, **context) -> str:
         from tasks.orchestration import runtime
 
-        return runtime.distill(context, pca_name)
+        return runtime.distill(context, day_plan, pca_name)
 
     @task
     def validate(model_run: str, **context) -> dict:
@@ -175,10 +178,10 @@ def hpd_retrain():
 
         return runtime.announce_promotion(context, model_run, verdict)
 
-    pca_name = fit_pca()
-    decide() >> pca_name
-    checked = check_quality.partial(pca_name=pca_name).expand(day=training_partitions(pca_name))
-    model_run = distill(pca_name)
+    day_plan = XComArg(plan().operator, key=PLAN_XCOM)  # the plan every later task reads
+    pca_name = fit_pca(day_plan)
+    checked = check_quality.partial(pca_name=pca_name).expand(day=training_partitions(day_plan))
+    model_run = distill(day_plan, pca_name)
     checked >> model_run
     verdict = validate(model_run)
     verdict.operator.operator_extra_links = [ValidationReportLink()]  # its report, the gate passed or not

@@ -18,8 +18,7 @@ from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
 
-from tasks.core import catalog, manifest
-from tasks.core.catalog import Pointer
+from tasks.core import manifest, promoted
 
 # The demo runs from a checkout: its DAG folder and the vendored corpus, relative to the working directory.
 DAGS_FOLDER = Path("dags")
@@ -126,17 +125,16 @@ def locations(store: str) -> dict[str, str]:
     """Where the promoted student, its validation report and the promoted index are."""
     from tasks.ml import student
 
-    pointer, _ = catalog.read_pointer(store, Pointer.MODEL)
-    if pointer is None:
+    model = promoted.model(store)
+    if model is None:
         raise DemoError(f"{store}: no promoted model (the quality gate did not pass; see the validate manifest)")
-    index, _ = catalog.read_pointer(store, Pointer.INDEX)
+    index = promoted.index(store)
     if index is None:
         raise DemoError(f"{store}: no index was promoted")
-    validated = manifest.read_at(store, pointer.validation)
-    served = manifest.served_distill(store, pointer)
+    validated = manifest.read_at(store, model.pointer.validation)
     return {
-        "model run": pointer.model_run,
-        "model (sentence-transformers folder)": student.model_folder(served),
+        "model run": model.model_run,
+        "model (sentence-transformers folder)": student.model_folder(model.distilled),
         "validation report": validated.output_named("report.html").uri,
-        "index": index.index,
+        "index": index.pointer.index,
     }

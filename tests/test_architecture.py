@@ -195,6 +195,32 @@ def test_the_subscript_count_sees_string_keys_only(tmp_path):
     assert _string_key_subscripts(sample) == 2
 
 
+# The one module that reads the pointers (models/current.json, indexes/current.json): everything else asks it.
+POINTER_READERS = ("tasks/core/catalog.py", "tasks/core/promoted.py")
+
+
+def _pointer_reads(path: Path) -> list[int]:
+    """Lines that call ``read_pointer`` (``catalog.read_pointer(...)`` or a bare ``read_pointer(...)``)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Call) and _dotted(node.func).rsplit(".", 1)[-1] == "read_pointer"
+    ]
+
+
+def test_the_promoted_model_and_index_are_read_through_one_accessor():
+    """Only :mod:`tasks.core.promoted` reads a pointer (with :mod:`tasks.core.catalog`, which defines the read):
+    one place follows ``models/current.json``, checks it stays in the store and types what it names."""
+    readers = {str(p.relative_to(REPO)): _pointer_reads(p) for p in _sources("tasks", "dags")}
+    assert {path: lines for path, lines in readers.items() if lines and path not in POINTER_READERS} == {}
+
+
+def test_the_pointer_read_scan_sees_each_spelling(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text("catalog.read_pointer(s, Pointer.MODEL)\nread_pointer(s, p)\nx.read_pointers(s)\nread(s)\n")
+    assert _pointer_reads(sample) == [1, 2]
+
+
 def _imports_built_at_run_time(path: Path) -> list[str]:
     """Calls that import a module named by a value (``importlib.import_module``, ``__import__``): an edge that
     no reader or tool sees."""

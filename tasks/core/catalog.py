@@ -357,7 +357,8 @@ def read_pointer(store: str, pointer: Literal[Pointer.INDEX]) -> tuple[IndexPoin
 def read_pointer(store: str, pointer: Pointer) -> tuple[ModelPointer | IndexPointer | None, str | None]: ...
 def read_pointer(store: str, pointer: Pointer) -> tuple[ModelPointer | IndexPointer | None, str | None]:
     """The pointer and its etag, or (None, None) while nothing is promoted. The objects it names by
-    store-relative key are resolved against ``store`` (absolute URIs, of a hand-made pointer, stay)."""
+    store-relative key are resolved against ``store``; a pointer naming anything outside ``store`` (an absolute
+    URI of a hand-made or copied pointer) is a :class:`PointerError`. Read it through :mod:`tasks.core.promoted`."""
     from tasks.core import storage  # the storage clients load on first I/O: DAG files import the catalog
 
     uri = pointer_uri(store, pointer)
@@ -374,9 +375,20 @@ def read_pointer(store: str, pointer: Pointer) -> tuple[ModelPointer | IndexPoin
             name: resolve(store, field) if name in _OBJECT_FIELDS[pointer] and isinstance(field, str) else field
             for name, field in value.items()
         }
-        return _RECORDS[pointer](**resolved), etag
+        record = _RECORDS[pointer](**resolved)
     except (TypeError, StorageError) as exc:
         raise PointerError(f"{uri}: not a {pointer} pointer ({exc})") from None
+    _contained(store, uri, [resolved[name] for name in _OBJECT_FIELDS[pointer] if resolved.get(name)])
+    return record, etag
+
+
+def _contained(store: str, uri: str, named: list[str]) -> None:
+    """Refuse a pointer (at ``uri``) that names an object outside ``store``: a pointer is never followed out."""
+    from tasks.core.uris import redact
+
+    for target in named:
+        if store_key(store, target) is None:
+            raise PointerError(f"{uri} names {redact(target)}, outside the store {redact(store)}; refused")
 
 
 def move_pointer(store: str, value: ModelPointer | IndexPointer, seen_etag: str | None) -> None:

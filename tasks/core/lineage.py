@@ -1,10 +1,10 @@
-"""Which corpus partitions a model was trained on, which encoded partitions no promoted model has seen, and
-the lineage of any artifact: back to its partitions and raw sources (verified), or forward from them (`hpd lineage`)."""
+"""The lineage of any artifact: back to its partitions and raw sources (verified), or forward from them
+(`hpd lineage`)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from datetime import date
 from typing import Any
@@ -12,64 +12,9 @@ from typing import Any
 import pydantic
 from pydantic import TypeAdapter
 
-from tasks.core import catalog, manifest, sentences, storage
+from tasks.core import catalog, manifest, storage
 from tasks.core.catalog import Pointer, Stage
-
-_PARTITION = re.compile(r"(?:^|/)ingest_date=(\d{4}-\d{2}-\d{2})(?:/|$)")
-
-
-def partitions_in(keys: Iterable[str]) -> set[date]:
-    """The ingest dates named by ``ingest_date=D`` segments of store keys."""
-    return {date.fromisoformat(match.group(1)) for key in keys if (match := _PARTITION.search(key))}
-
-
-def distill_manifest(store: str, model_run: str) -> manifest.Manifest:
-    """The distill manifest of ``model_run``; :class:`manifest.ManifestError` naming it when there is none."""
-    distilled = manifest.read(store, Stage.DISTILL, model_run)
-    if distilled is None:
-        raise manifest.ManifestError(f"{catalog.manifest_uri(store, Stage.DISTILL, model_run)}: no such model run")
-    return distilled
-
-
-def partitions_read(store: str, run: manifest.Manifest) -> set[date]:
-    """The partitions of the objects a stage run read (its manifest's inputs)."""
-    return partitions_in(catalog.store_key(store, i.uri) or i.uri for i in run.inputs)
-
-
-def trained_partitions(store: str, model_run: str) -> set[date]:
-    """The partitions whose sentences the distill run ``model_run`` read."""
-    return partitions_read(store, distill_manifest(store, model_run))
-
-
-def learned_partitions(store: str, distilled: manifest.Manifest) -> set[date]:
-    """The partitions a distill run's student has learned from: those it read and, when it was warm-started,
-    those its start had learned (the run's ``learned_partitions`` stat; a run from before it: those it read)."""
-    recorded = {date.fromisoformat(day) for day in distilled.stats.get("learned_partitions", [])}
-    return recorded | partitions_read(store, distilled)
-
-
-def staged_rows(store: str, day: date) -> int:
-    """The rows staging and augmentation published for partition ``day``."""
-    return sum(o.rows or 0 for o in sentences.published(store, day))
-
-
-def encoded_partitions(store: str, teacher: str) -> set[date]:
-    """The partitions with at least one shard encoded by ``teacher``."""
-    return partitions_in(manifest.list_keys(store, Stage.ENCODE_TEACHER, under=catalog.teacher_key_prefix(teacher)))
-
-
-def untrained_partitions(store: str, teacher: str) -> list[date]:
-    """Encoded partitions the promoted model has not learned from (all of them while none is promoted), sorted."""
-    return unlearned(store, encoded_partitions(store, teacher))
-
-
-def unlearned(store: str, partitions: set[date]) -> list[date]:
-    """Those of ``partitions`` the promoted model has not learned from (all of them while none is promoted), sorted."""
-    promoted, _ = catalog.read_pointer(store, Pointer.MODEL)
-    if promoted is None:
-        return sorted(partitions)
-    return sorted(partitions - learned_partitions(store, manifest.served_distill(store, promoted)))
-
+from tasks.core.partitions import partitions_in
 
 # -- provenance: the graph the manifests imply --------------------------------------------------------------
 # ``hpd lineage`` walks it back from an artifact to the staged partitions and raw sources, verifying each

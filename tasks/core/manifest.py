@@ -612,11 +612,6 @@ def read_at(store: str, uri: str) -> Manifest:
     return parse(uri, body, store)
 
 
-def served_distill(store: str, pointer: catalog.ModelPointer | catalog.IndexPointer) -> Manifest:
-    """The distill manifest (the kept version) whose student ``pointer`` serves (:func:`read_at`)."""
-    return read_at(store, catalog.distill_manifest_uri(store, pointer))
-
-
 def list_versions(store: str, stage: Stage) -> dict[str, str | None]:
     """The key of every manifest published for ``stage`` and its version (:class:`storage.ListedObject`), from
     one listing: what changed since a version was seen can be told without reading every manifest."""

@@ -62,8 +62,9 @@ def vectors(table: pa.Table, column: str, source: str | None = None) -> np.ndarr
     """A fixed-size-list column (embeddings, targets) as a C-contiguous ``(rows, dim)`` float32 array; with
     ``source`` (where the table was read), a :class:`finite.NonFiniteError` naming it unless all are finite."""
     values = table.column(column).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+    width = getattr(table.schema.field(column).type, "list_size", -1)  # a fixed-size list's: an empty one too
     with np.errstate(over="ignore"):  # a value beyond float32 becomes an infinity, refused below with a source
-        array = np.ascontiguousarray(values.reshape(table.num_rows, -1), dtype=np.float32)
+        array = np.ascontiguousarray(values.reshape(table.num_rows, width), dtype=np.float32)
     if source is not None:
         finite.require_finite(array, source, f"{column} value")
     return array

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from tasks.core import catalog
+from tasks.core import catalog, promoted
 
 
 class Settlement(StrEnum):
@@ -52,7 +52,7 @@ def settle(
 ) -> tuple[Settlement, str | None]:
     """Where the promotion of a published run stands (``names_it``: whether a pointer value names that run;
     ``stats``: its manifest's), and the pointer's current etag, to move it against when it is unfinished."""
-    current, etag = catalog.read_pointer(store, pointer)
+    current, etag = promoted.read(store, pointer)
     if current is not None and names_it(current):
         return Settlement.PROMOTED, etag
     recorded = Promotion.recorded(stats)

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.core import catalog, lineage, manifest, storage
-from tasks.core.catalog import Pointer, Stage
+from tasks.core import catalog, manifest, partitions, promoted, storage
+from tasks.core.catalog import Stage
 from tasks.core.stage_records import GATED, GateVerdict, Record, RecordError, ValidateStats
 
 PASSED, FAILED, NOT_VALIDATED, STALE = "passed", "failed", "not validated", "stale"
@@ -102,13 +102,13 @@ def read_run(store: str, name: str, promoted: str | None) -> Run:
     """The model run ``name`` of ``store`` (``promoted``: the run models/current.json names); an unknown run,
     or one whose manifests lack what a run shows, is a :class:`manifest.ManifestError` naming the manifest."""
     store = storage.to_uri(store)
-    distilled = lineage.distill_manifest(store, name)
+    distilled = partitions.distill_manifest(store, name)
     try:
         gate, validation = _validation(store, name, distilled)
         published = _Published.parse(distilled.document, catalog.manifest_uri(store, Stage.DISTILL, name))
     except RecordError as exc:
         raise manifest.ManifestError(str(exc)) from None
-    days = lineage.partitions_read(store, distilled)
+    days = partitions.partitions_read(store, distilled)
     return Run(
         name=name,
         created=published.ended_at,
@@ -122,22 +122,10 @@ def read_run(store: str, name: str, promoted: str | None) -> Run:
     )
 
 
-def promoted_run(store: str) -> str | None:
-    """The model run ``models/current.json`` names, None while nothing is promoted."""
-    pointer, _ = catalog.read_pointer(storage.to_uri(store), Pointer.MODEL)
-    return None if pointer is None else pointer.model_run
-
-
-def promoted_model(store: str) -> manifest.Manifest | None:
-    """The distill manifest (the version) ``models/current.json`` serves, None while nothing is promoted."""
-    pointer, _ = catalog.read_pointer(storage.to_uri(store), Pointer.MODEL)
-    return None if pointer is None else manifest.served_distill(storage.to_uri(store), pointer)
-
-
 def list_runs(store: str) -> list[Run]:
     """Every model run of ``store``, newest first."""
-    promoted = promoted_run(store)
-    found = [read_run(store, name, promoted) for name in manifest.list_keys(storage.to_uri(store), Stage.DISTILL)]
+    current = promoted.model_run(store)
+    found = [read_run(store, name, current) for name in manifest.list_keys(storage.to_uri(store), Stage.DISTILL)]
     return sorted(found, key=lambda run: (run.created, run.name), reverse=True)
 
 
@@ -196,8 +184,8 @@ def _gated_first(scores: dict[str, float]) -> dict[str, float]:
 
 def compare(store: str, a: str, b: str) -> Comparison:
     """Runs ``a`` and ``b`` side by side, row by row, the differing rows marked."""
-    promoted = promoted_run(store)
-    return compare_runs(read_run(store, a, promoted), read_run(store, b, promoted))
+    current = promoted.model_run(store)
+    return compare_runs(read_run(store, a, current), read_run(store, b, current))
 
 
 def compare_runs(a: Run, b: Run) -> Comparison:

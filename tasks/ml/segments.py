@@ -5,9 +5,11 @@ corpus partitions it covers, encoded by one student, with the student embeddings
 per partition, the fingerprint of the staged shards it encoded, the student (distill manifest version) and a
 fingerprint of the index settings. A new version keeps every segment of the one before whose partitions are
 still wanted and unchanged, with the same student and settings; the partitions no kept segment covers go into
-one new segment. Segments then merge by tiers, as a log-structured store does: a segment's tier is the integer
-log, base ``fanout``, of the partitions it covers; once ``fanout`` segments share a tier, the earliest of them
-merge into one (built from their stored embeddings, nothing encoded again). A vector is merged about
+one new segment. Each segment is stamped with the embedding space its vectors are in (:mod:`tasks.core.spaces`:
+the PCA basis its student learned), and a version whose segments are not all in its query student's space is
+refused where it is loaded. Segments then merge by tiers, as a log-structured store does: a segment's tier is the
+integer log, base ``fanout``, of the partitions it covers; once ``fanout`` segments share a tier, the earliest of
+them merge into one (built from their stored embeddings, nothing encoded again). A vector is merged about
 log_fanout(partitions) times in all, and a version has at most ``fanout - 1`` segments a tier.
 
 The version's table (``segments.json``) lists each segment by store-relative keys and checksums, so a copied
@@ -53,6 +55,7 @@ class Segment:
     ids: manifest.Output
     embeddings: tuple[manifest.Output, ...]
     stats: dict[str, Any] = field(default_factory=dict)
+    space: str | None = None  # the embedding space its vectors are in (tasks.core.spaces); None: before it was stamped
 
     @property
     def rows(self) -> int:
@@ -85,6 +88,7 @@ class Segment:
             "ids": self.ids.to_dict(store, 0),
             "embeddings": [e.to_dict(store, n) for n, e in enumerate(self.embeddings)],
             "stats": self.stats,
+            "space": self.space,
         }
 
     @classmethod
@@ -97,6 +101,7 @@ class Segment:
             manifest.Output.from_dict(record["ids"], store),
             tuple(manifest.Output.from_dict(e, store) for e in record["embeddings"]),
             dict(record.get("stats", {})),
+            record.get("space"),
         )
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from transformers.utils import logging as transformers_logging
 
-from tasks.core import catalog, manifest, storage, uris
+from tasks.core import manifest, storage, uris
 from tasks.core.catalog import Stage
 from tasks.ml.choices import Activation, Init
 from tasks.ml.encoder import Dense, SentenceEncoder, transformer_folder
@@ -205,8 +205,3 @@ def local_files(outputs: list[str], folder: str, into: Path) -> list[tuple[str, 
             raise StudentError(f"{uri}: would be written to {path}, outside the download folder {root}")
         files.append((inside, path))
     return files
-
-
-def promoted(store: str) -> tuple[catalog.ModelPointer | None, str | None]:
-    """The promoted-model pointer (distill run, scores, validation) and its etag, or (None, None)."""
-    return catalog.read_pointer(store, catalog.Pointer.MODEL)

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from tasks.core import catalog, manifest, storage, uris
+from tasks.core import catalog, manifest, promoted, spaces, storage
 from tasks.core.catalog import Pointer
 from tasks.ml import segments, student
 from tasks.ml.hits import Hit
@@ -244,18 +244,17 @@ class LoadedIndex:
 
 
 def current_pointer(store: str) -> tuple[catalog.IndexPointer, str | None]:
-    """The promoted index pointer and its etag, every object it names checked to lie inside ``store``."""
-    pointer, etag = catalog.read_pointer(store, Pointer.INDEX)
+    """The promoted index pointer and its etag, every object it names checked to exist (and, by
+    :func:`tasks.core.promoted.index`, to lie inside ``store``)."""
+    current = promoted.index(store)
     where = catalog.pointer_uri(store, Pointer.INDEX)
-    if pointer is None:
+    if current is None:
         raise IndexBuildError(f"{where}: no index promoted yet; run build-index")
-    served = catalog.distill_manifest_uri(store, pointer)  # read after the index, naming itself if it is missing
-    for uri in (u for u in (pointer.index, pointer.ids, pointer.manifest, served) if u is not None):
-        if catalog.store_key(store, uri) is None:  # a hand-made pointer may hold an absolute URI: not followed out
-            raise IndexBuildError(f"{where} names {uris.redact(uri)}, outside the store {store}; refused")
-        if uri != served and not storage.exists(uri):
+    pointer = current.pointer
+    for uri in (u for u in (pointer.index, pointer.ids, pointer.manifest) if u is not None):
+        if not storage.exists(uri):
             raise IndexBuildError(f"{where} names {uri}, which does not exist")
-    return pointer, etag
+    return pointer, current.etag
 
 
 def _recorded_checksums(store: str, pointer: catalog.IndexPointer) -> dict[str, str]:
@@ -294,9 +293,10 @@ def load_current(store: str, query_encoder_choice: str = "auto", reuse: LoadedIn
     if reuse is not None and pointer.model is not None and reuse.pointer.model == pointer.model:
         encoder = reuse.encoder
     else:
-        served = manifest.served_distill(store, pointer)  # the student that encoded the index
         with tempfile.TemporaryDirectory() as scratch:
-            encoder = query_encoder(student.fetch_published(served, Path(scratch)), query_encoder_choice)
+            encoder = query_encoder(
+                student.fetch_published(_served(store, pointer), Path(scratch)), query_encoder_choice
+            )
     for part in parts:
         if encoder.dim != part.index.d:
             raise IndexBuildError(f"{part.uri}: index dimension {part.index.d} differs from the model's {encoder.dim}")
@@ -310,13 +310,34 @@ def load_current(store: str, query_encoder_choice: str = "auto", reuse: LoadedIn
     return LoadedIndex(store, pointer, etag, encoder, index, sentence_ids, texts, time.time(), tuple(parts))
 
 
+def _served(store: str, pointer: catalog.IndexPointer) -> manifest.Manifest:
+    """The distill manifest version whose student encoded the index and encodes its queries."""
+    return manifest.read_at(store, catalog.distill_manifest_uri(store, pointer))
+
+
 def _listed(store: str, pointer: catalog.IndexPointer, recorded: dict[str, str]) -> list[tuple[str, str, str, str]]:
-    """(index URI, sha256, id map URI, sha256) of each segment the pointer's table lists, in search order; the
-    one index and id map of a pointer from before segments."""
+    """(index URI, sha256, id map URI, sha256) of each segment the pointer's table lists, in search order (each in
+    the embedding space of the student that encodes the queries: :func:`require_one_space`); the one index and id
+    map of a pointer from before segments."""
     if pointer.ids is not None:
         return [(pointer.index, recorded[pointer.index], pointer.ids, recorded[pointer.ids])]
     _, listed = segments.read_table(store, pointer.index, recorded[pointer.index])
+    require_one_space(store, listed, _served(store, pointer))
     return [(s.index.uri, s.index.sha256, s.ids.uri, s.ids.sha256) for s in segments.ordered(listed)]
+
+
+def require_one_space(store: str, listed: list[segments.Segment], served: manifest.Manifest) -> None:
+    """Refuse (an :class:`IndexBuildError` naming the segment) a version holding a segment whose vectors are in
+    another embedding space than the queries of ``served``'s student (:mod:`tasks.core.spaces`): its neighbours
+    would be meaningless. A segment from before spaces were stamped is in its own student's space."""
+    space, model = spaces.of(store, served), catalog.store_key(store, served.version_uri(store))
+    for segment in listed:
+        found = segment.space or (space if segment.model == model else f"model:{segment.model}")
+        if found != space:
+            raise IndexBuildError(
+                f"{segment.index.uri}: its vectors are in the embedding space {found}, the queries' student "
+                f"{served.key} encodes into {space}: mixed spaces are refused"
+            )
 
 
 def _read_segment(index_uri: str, index_sha256: str, ids_uri: str, ids_sha256: str) -> LoadedSegment:

@@ -119,6 +119,7 @@ STORE_PARAM = stage_param(
 )
 # The XCom key of the validation report's URI, pushed by hpd_retrain's validate task, and the link to it.
 REPORT_XCOM = "validation_report"
+PLAN_XCOM = "plan"  # hpd_retrain's plan of the day (tasks.orchestration.day_plan), pushed by its first task
 
 
 class ValidationReportLink(BaseOperatorLink):

@@ -4,7 +4,11 @@ task hands the next through XCom, parsed once where a task receives them (XCom c
 
 from __future__ import annotations
 
+from datetime import date
+
 from pydantic import BaseModel, Field
+
+from tasks.stages.params import DEFAULT_STUDENT
 
 
 class DagParams(BaseModel):
@@ -20,11 +24,15 @@ class IngestParams(DagParams):
 
 
 class RetrainParams(DagParams):
-    """``hpd_retrain``'s: the teacher, the partitions named (None: those ``max_train_rows`` selects), the
-    model run's name (None: one derived from the Airflow run id) and the retrain policy's settings."""
+    """``hpd_retrain``'s: the teacher and the student's base, the partitions named (None: those ``max_train_rows``
+    selects), the model run's name (None: one derived from the Airflow run id) and the retrain policy's settings."""
 
     teacher: str
-    partitions: list[str] | None = None
+    student: str = DEFAULT_STUDENT
+    student_layers: int | None = None
+    k: int | None = Field(None, description="the PCA's dimension (None: any, as kept)")
+    mode: str | None = Field(None, description="the PCA's mode (None: any, as kept)")
+    partitions: list[date] | None = None
     name: str | None = None
     force: bool = Field(False, description="retrain whatever the retrain policy decides")
     retrain_fraction: float = Field(
@@ -40,8 +48,8 @@ class RetrainParams(DagParams):
     max_train_rows: int | None = Field(
         100_000,
         gt=0,
-        description="rows a retrain learns from: the new partitions, then a replay sample of older ones "
-        "(empty: every partition)",
+        description="teacher rows a retrain learns from: the new partitions' teacher samples, then a replay sample "
+        "of older partitions' (empty: every partition)",
     )
     warm_start: bool = Field(
         True, description="start from the promoted student rather than the base model (when it has the same base)"

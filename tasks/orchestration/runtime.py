@@ -9,13 +9,13 @@ from typing import Any
 
 from airflow.sdk.exceptions import AirflowFailException, AirflowSkipException
 
-from tasks.core import catalog, config, manifest, runs
+from tasks.core import catalog, config, manifest, promoted
 from tasks.core.catalog import Stage
 from tasks.core.config import StageParams
 from tasks.core.manifest import StageResult
 from tasks.core.stage_records import ValidateStats
 from tasks.orchestration import assets
-from tasks.orchestration.defaults import REPORT_XCOM
+from tasks.orchestration.defaults import PLAN_XCOM, REPORT_XCOM
 from tasks.orchestration.run_records import (
     DagParams,
     DriftResult,
@@ -137,58 +137,39 @@ def is_backfill(context: dict) -> bool:
     return getattr(context.get("dag_run"), "run_type", None) == "backfill"
 
 
-def decide_retrain(context: dict) -> bool:
-    """Whether this retrain runs (:mod:`tasks.orchestration.retrain_policy`): its decision, the reason and what it
-    measured are logged and pushed as the task's ``decision`` XCom, the run's record of why."""
-    from tasks.orchestration import retrain_policy
+def plan_day(context: dict) -> bool:
+    """Today's plan (:mod:`tasks.orchestration.day_plan`), made once: logged, pushed as the task's ``plan`` XCom
+    (what every later task of the run reads, and the run's record of why), and whether the run retrains."""
+    from tasks.orchestration import day_plan
 
     params = run_params(context)
     retrain = RetrainParams.model_validate(params)
-    if retrain.force or retrain.partitions:
-        decision = retrain_policy.forced(
-            f"forced by the run's params (force={retrain.force}, partitions={retrain.partitions})"
-        )
-    elif is_backfill(context):
-        decision = retrain_policy.forced("a backfill run")
-    else:
-        policy = retrain_policy.Policy(retrain.retrain_fraction, retrain.max_model_age_days)
-        decision = retrain_policy.decide(store_of(params), retrain.teacher, policy)
-    context["ti"].xcom_push(key="decision", value=decision.as_record())
-    log.info(
-        "%s: %s", f"retraining ({decision.reason})" if decision.retrain else "not retraining", decision.explanation
-    )
-    return decision.retrain
+    made = day_plan.plan(store_of(params), retrain, run_name(context), backfill=is_backfill(context))
+    context["ti"].xcom_push(key=PLAN_XCOM, value=made.model_dump(mode="json"))
+    log.info("%s", made.summary())
+    return made.decision.retrain
 
 
-def fit_pca(context: dict) -> str:
-    """The fit-pca stage over the run's training partitions (its params', else those the retrain policy's
-    ``max_train_rows`` selects; for a backfill's run, from every partition alike); the PCA run's name."""
-    from tasks.orchestration import retrain_policy
+def _plan(plan: dict[str, Any]) -> Any:
+    """The plan a task was handed (the ``plan`` task's XCom), typed."""
+    from tasks.orchestration.day_plan import DayPlan
 
-    params = run_params(context)
-    retrain = RetrainParams.model_validate(params)
-    days = retrain.partitions or retrain_policy.training_partitions(
-        store_of(params), retrain.teacher, retrain.max_train_rows, after_promoted=not is_backfill(context)
-    )
-    log.info("training partitions: %s", [str(day) for day in days])
-    values = {**pick(params, "teacher", "k", "mode", "max_rows"), "partitions": days}
-    parsed = stage_params(Stage.FIT_PCA, values, params)
+    return DayPlan.parse(plan, "the run's plan (XCom plan)")
+
+
+def training_partitions(plan: dict[str, Any]) -> list[str]:
+    """The partitions (ingest dates) the plan learns from, one mapped quality check each."""
+    return [day.isoformat() for day in _plan(plan).partitions]
+
+
+def fit_pca(context: dict, plan: dict[str, Any]) -> str:
+    """The fit-pca stage over the plan's partitions, keeping the PCA basis the plan names (a warm start's) or
+    fitting one; the PCA run's name."""
+    params, planned = run_params(context), _plan(plan)
+    values = {**pick(params, "teacher", "k", "mode", "max_rows"), "partitions": planned.partitions}
+    parsed = stage_params(Stage.FIT_PCA, {**values, "basis_from": planned.pca_basis}, params)
     run_stage(Stage.FIT_PCA, parsed)
     return parsed.name
-
-
-def pca_partitions(context: dict, pca_name: str) -> list[str]:
-    """The partitions (ingest dates) whose teacher embeddings the run's PCA run ``pca_name`` read."""
-    from tasks.core import lineage
-
-    params = run_params(context)
-    store, teacher = store_of(params), RetrainParams.model_validate(params).teacher
-    fitted = manifest.read(store, Stage.FIT_PCA, catalog.pca_key(teacher, pca_name))
-    if fitted is None:
-        raise AirflowFailException(f"{store}: no published PCA run {pca_name!r} of {teacher!r}")
-    days = sorted(lineage.partitions_read(store, fitted))
-    log.info("PCA run %s was fitted on partitions %s", pca_name, [d.isoformat() for d in days])
-    return [d.isoformat() for d in days]
 
 
 def check_quality(context: dict, day: str, pca_name: str) -> dict[str, Any]:
@@ -198,45 +179,17 @@ def check_quality(context: dict, day: str, pca_name: str) -> dict[str, Any]:
     return run_stage(Stage.QUALITY, stage_params(Stage.QUALITY, values, params)).stats
 
 
-def distill(context: dict, pca_name: str) -> str:
-    """The distill stage on the targets of ``pca_name`` with the run's params, warm-started as
-    :func:`warm_start_for` says (a backfill's run starts from the base model: its model must not depend on the
-    order the days came in); the model run's name (the run's ``name``, else one derived from the Airflow run id)."""
-    params = run_params(context)
-    settings = (
-        "teacher",
-        "partitions",
-        "student",
-        "student_layers",
-        "epochs",
-        "max_steps",
-        "batch_size",
-        "lr",
-        "amp",
-        "onnx",
-    )
-    retrain = RetrainParams.model_validate(params)
-    values = {**pick(params, *settings), "pca_name": pca_name, "name": retrain.name or run_name(context)}
-    if retrain.warm_start and not is_backfill(context) and (start := warm_start_for(params, values["name"])):
-        values["warm_start"] = start
-    parsed = stage_params(Stage.DISTILL, values, params)
+DISTILL_SETTINGS = ("teacher", "student", "student_layers", "epochs", "max_steps", "batch_size", "lr", "amp", "onnx")
+
+
+def distill(context: dict, plan: dict[str, Any], pca_name: str) -> str:
+    """The distill stage on the targets of ``pca_name`` with the run's params, named and warm-started as the plan
+    says; the model run's name."""
+    params, planned = run_params(context), _plan(plan)
+    values = {**pick(params, *DISTILL_SETTINGS), "pca_name": pca_name, "name": planned.model_run}
+    parsed = stage_params(Stage.DISTILL, {**values, "warm_start": planned.warm_start}, params)
     run_stage(Stage.DISTILL, parsed)
     return parsed.name
-
-
-def warm_start_for(params: dict, name: str) -> str | None:
-    """The model run distill run ``name`` starts from: as recorded when it ran before (a rerun trains, or skips,
-    as it did); else the promoted one, when its student has the base this run asks for (``student``,
-    ``student_layers``); else None."""
-    store = store_of(params)
-    if (earlier := manifest.read(store, Stage.DISTILL, name)) is not None:
-        return earlier.params.get("warm_start")
-    trained = runs.promoted_model(store)
-    if trained is None:
-        return None
-    same = all(trained.params.get(n) == params[n] for n in ("student", "student_layers"))
-    log.info("warm start: %s", f"from the promoted {trained.key}" if same else "none (no promoted model of this base)")
-    return trained.key if same else None
 
 
 def validate(context: dict, model_run: str) -> dict[str, Any]:
@@ -260,12 +213,12 @@ def partition_drift(context: dict) -> dict[str, Any]:
     the run's ``drift_threshold``; ``{"flagged": False, "model_run": None}`` while no model is promoted."""
     params = run_params(context)
     store, day = store_of(params), partition_date(context)
-    promoted = runs.promoted_run(store)
-    if promoted is None:
+    model_run = promoted.model_run(store)
+    if model_run is None:
         log.info("drift of %s: no promoted model in %s, so no training data to compare with", day, store)
         return {"flagged": False, "model_run": None}
     threshold = QualityReportParams.model_validate(params).drift_threshold
-    values = {"ingest_date": day, "model_run": promoted, "threshold": threshold}
+    values = {"ingest_date": day, "model_run": model_run, "threshold": threshold}
     result = run_stage(Stage.DRIFT, stage_params(Stage.DRIFT, values, params))
     return {**result.stats, "manifest": catalog.store_key(store, result.manifest_uri)}
 
@@ -308,7 +261,7 @@ def model_to_index(context: dict) -> str | None:
     named = IndexParams.model_validate(context["params"]).model_run or assets.triggering_extra(
         context, "model_run", assets.PROMOTED_MODEL
     )
-    if named is None and runs.promoted_run(store_of(run_params(context))) is None:
+    if named is None and promoted.model_run(store_of(run_params(context))) is None:
         raise AirflowSkipException("no model is promoted yet: nothing to index with (hpd_retrain promotes one)")
     return named
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from tasks.core import catalog, manifest, sentences, staged_ids, storage
+from tasks.core import catalog, manifest, sentences, staged_ids, storage, teacher_sample
 from tasks.core.catalog import Stage
 from tasks.core.progress import Progress
 from tasks.stages.params import AugmentParams
@@ -203,10 +203,15 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
         return skipped
     with stage_run.phase("load"):
         augmenters = build_augmenters(params)
+        candidates = teacher_sample.augmentable(
+            params.store, params.ingest_date, params.teacher_sample, params.sample_seed
+        )
+    if candidates is not None:
+        log.info("augment %s: varying only the %d sentence(s) the teacher sample can hold", key, len(candidates))
     generated: list[tuple[Augmenter, Parent, str, str]] = []  # (augmenter, parent, normalised variant, its shard)
     for augmenter in augmenters:
         with stage_run.phase(augmenter.method):
-            generated.extend(_generate(params, augmenter, stage_run.inputs, progress))
+            generated.extend(_generate(params, augmenter, (stage_run.inputs, candidates), progress))
     with stage_run.phase("dedup"):
         rows, counts = _deduplicated(params.store, generated, augmenters)
     table = sentences.table(rows, params.ingest_date)
@@ -217,17 +222,27 @@ def run(params: AugmentParams, force: bool = False, progress: bool = False) -> m
 
 
 def _generate(
-    params: AugmentParams, augmenter: Augmenter, shards: list[manifest.Input], progress: bool
+    params: AugmentParams,
+    augmenter: Augmenter,
+    source: tuple[list[manifest.Input], set[str] | None],
+    progress: bool,
 ) -> list[tuple[Augmenter, Parent, str, str]]:
-    """(augmenter, parent row, normalised variant, parent shard's store key) for every selected parent. Each staged
-    shard is read verified against the checksum the staging manifest records."""
+    """(augmenter, parent row, normalised variant, parent shard's store key) for every selected parent among the
+    ``candidates`` of ``source = (shards, candidates)`` (None: every staged sentence). Each staged shard is read
+    verified against the checksum the staging manifest records."""
+    shards, candidates = source
     generated = []
     total = sum(shard.rows or 0 for shard in shards)
     with Progress(f"augment {augmenter.method}", total, bar=progress, logger=log) as reporter:
         for shard in shards:
             parents = Parent.read(shard)
             read = len(parents)
-            parents = [p for p in parents if selected(params.seed, augmenter.method, p.sentence_id, params.fraction)]
+            parents = [
+                p
+                for p in parents
+                if (candidates is None or p.sentence_id in candidates)
+                and selected(params.seed, augmenter.method, p.sentence_id, params.fraction)
+            ]
             variants = augmenter.apply([(p.sentence_id, p.text) for p in parents])
             parent_shard = catalog.store_key(params.store, shard.uri) or shard.uri  # a copied store holds the same rows
             generated.extend(

@@ -27,6 +27,7 @@ naming a missing or partial index: one wins, the other fails with :class:`Promot
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import tempfile
 import time
@@ -37,7 +38,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.core import catalog, finite, manifest, parquet_shards, promotion, sentences, storage, uris
+from tasks.core import catalog, finite, manifest, parquet_shards, promoted, promotion, sentences, spaces, storage, uris
 from tasks.core.catalog import Dataset, Pointer, Stage
 from tasks.core.progress import Progress, format_bytes, format_duration
 from tasks.ml import segments, student
@@ -117,7 +118,7 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
             *(o.as_input() for s in staged.values() for o in s),
         ],
     )
-    _, seen_etag = catalog.read_pointer(params.store, Pointer.INDEX)
+    seen_etag = promoted.pointer_etag(params.store, Pointer.INDEX)
     if skipped := stage_run.skip_result(force):
         if params.promote and skipped.manifest is not None:
             _settle(params.store, skipped.manifest)
@@ -145,11 +146,10 @@ def _student_run(params: BuildIndexParams) -> tuple[BuildIndexParams, manifest.M
         if distilled is None:
             raise IndexBuildError(f"{params.store}: no published distill run {params.model_run!r}")
         return params, distilled
-    pointer, _ = student.promoted(params.store)
-    if pointer is None:
+    current = promoted.model(params.store)
+    if current is None:
         raise IndexBuildError(f"{params.store}: no promoted model ({Pointer.MODEL}); validate one or pass model_run")
-    distilled = manifest.served_distill(params.store, pointer)
-    return params.model_copy(update={"model_run": pointer.model_run}), distilled
+    return params.model_copy(update={"model_run": current.model_run}), current.distilled
 
 
 def _corpus_shards(params: BuildIndexParams) -> dict[str, list[manifest.Output]]:
@@ -210,6 +210,7 @@ class _Builder:
     progress: bool
     force: bool  # a forced run keeps no segment: it encodes every partition again
     rows_encoded: int = 0
+    space: str | None = None  # the student's embedding space, stamped on the segments it encodes
 
     @property
     def prefix(self) -> str:
@@ -222,6 +223,7 @@ class _Builder:
         then merged by tiers), and those it kept."""
         wanted = {day: segments.partition_fingerprint(shards) for day, shards in staged.items()}
         model = catalog.store_key(self.params.store, distill_uri) or distill_uri
+        self.space = spaces.of(self.params.store, self.distilled)
         chosen = {setting: getattr(self.params, setting) for setting in SEGMENT_SETTINGS}
         settings = segments.settings_fingerprint(chosen)
         kept = [] if self.force else _kept_segments(self.params.store, self.stage_run.key, wanted, model, settings)
@@ -281,6 +283,7 @@ class _Builder:
         partitions = {day: f for s in group for day, f in s.partitions.items()}
         chosen = _chosen(self.params, len(vectors), vectors.shape[1])
         merged = self._segment(partitions, group[0].model, group[0].settings, vectors, ids, embeddings, chosen)
+        merged = dataclasses.replace(merged, space=group[0].space)
         merged.stats["merged"] = len(group)
         return merged
 
@@ -312,7 +315,7 @@ class _Builder:
             }
         )
         written = _output(parquet_shards.write_shard(folder, "ids", id_map, Dataset.INDEX_IDS))
-        return Segment(partitions, model, settings, index, written, tuple(embeddings), stats)
+        return Segment(partitions, model, settings, index, written, tuple(embeddings), stats, self.space)
 
 
 def _chosen(params: BuildIndexParams, rows: int, dim: int) -> tuple[str, str]:

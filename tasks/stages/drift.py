@@ -16,7 +16,7 @@ import json
 import logging
 from typing import Any
 
-from tasks.core import catalog, lineage, manifest, runs
+from tasks.core import catalog, manifest, partitions, promoted
 from tasks.core.catalog import Stage
 from tasks.core.stage_records import DriftScore, PartitionDrift, Record
 from tasks.ml import drift_stats
@@ -41,12 +41,12 @@ class TrainingDrift(DriftScore, _AgainstRun):
 
 def run(params: DriftParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Score partition ``params.ingest_date`` against a model run's training data; publish the comparison."""
-    model_run = params.model_run or runs.promoted_run(params.store)
+    model_run = params.model_run or promoted.model_run(params.store)
     if model_run is None:
         raise DriftError(f"{params.store}: no promoted model (models/current.json) and no --model-run to compare with")
-    distilled = lineage.distill_manifest(params.store, model_run)
+    distilled = partitions.distill_manifest(params.store, model_run)
     trained = DistillParams.model_validate(distilled.params)
-    days = sorted(lineage.partitions_read(params.store, distilled))
+    days = sorted(partitions.partitions_read(params.store, distilled))
     partition = profiles.ensure(params.store, trained.teacher, trained.pca_name, params.ingest_date)
     references = {day: profiles.ensure(params.store, trained.teacher, trained.pca_name, day) for day in days}
     distill_uri = catalog.manifest_uri(params.store, Stage.DISTILL, model_run)
@@ -77,8 +77,8 @@ def between_runs(store: str, distilled: manifest.Manifest, reference_run: str | 
     if reference_run is None:
         return None
     trained = DistillParams.model_validate(distilled.params)
-    ours = sorted(lineage.partitions_read(store, distilled))
-    theirs = sorted(lineage.trained_partitions(store, reference_run))
+    ours = sorted(partitions.partitions_read(store, distilled))
+    theirs = sorted(partitions.trained_partitions(store, reference_run))
     profile = {day: profiles.ensure(store, trained.teacher, trained.pca_name, day) for day in {*ours, *theirs}}
     result = _compare([profile[d] for d in ours], [profile[d] for d in theirs], DEFAULT_THRESHOLD)
     return TrainingDrift(

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from tasks.core import catalog, manifest, parquet_shards, prefetch, sentences, storage
+from tasks.core import catalog, manifest, parquet_shards, prefetch, promoted, sentences, spaces, storage
 from tasks.core.catalog import Dataset, Stage
 from tasks.core.progress import Progress
 from tasks.ml.projection import ARTIFACT, MomentAccumulator, PCAError, Projection
@@ -58,6 +58,7 @@ class FitSummary:
     sample_fraction: float
     explained_variance_ratio_sum: float
     explained_variance_ratio: list[float]
+    basis_from: str | None = None
 
     def as_record(self) -> dict[str, Any]:
         """The record ``summary.json`` holds."""
@@ -111,39 +112,26 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
         raise PCAError(
             f"{params.store}: no teacher embeddings of {params.teacher!r} for partitions {params.partitions or 'any'}"
         )
+    kept = _kept_basis(params)
     stage_run = manifest.StageRun(
         stage=Stage.FIT_PCA,
         key=catalog.pca_key(params.teacher, params.name),
         store=params.store,
         params=params.model_dump(mode="json"),
-        inputs=[s.as_input() for s in shards],
+        inputs=[s.as_input() for s in shards] + ([kept[0]] if kept else []),
     )
     if skipped := stage_run.skip_result(force):
         return skipped
     total_rows = sum(s.rows or 0 for s in shards)
     fraction = min(1.0, params.max_rows / total_rows) if params.max_rows else 1.0
-    log.info("fit_pca %s: %d rows available, sample fraction %.4g", stage_run.key, total_rows, fraction)
-    with stage_run.phase("accumulate"):
-        accumulator = accumulate(shards, fraction, params.seed, progress)
-    with stage_run.phase("eigendecomposition"):
-        projection = accumulator.fit(params.k, params.mode)
-    summary = FitSummary(
-        teacher=params.teacher,
-        mode=params.mode,
-        k=params.k,
-        dim=accumulator.dim,
-        rows_fitted=projection.rows,
-        rows_available=total_rows,
-        sample_fraction=fraction,
-        explained_variance_ratio_sum=float(projection.explained_variance_ratio.sum()),
-        explained_variance_ratio=projection.explained_variance_ratio.round(6).tolist(),
-    )
+    artifact, summary = _fitted(params, stage_run, (shards, fraction), kept, progress)
     summary.log(stage_run.key)
     with stage_run.phase("write_artifact"):
         # A folder per fingerprint: a rerun never overwrites what the published manifest lists.
         prefix = catalog.pca_prefix(params.store, params.teacher, params.name, stage_run.fingerprint)
-        stage_run.write_output(storage.join(prefix, ARTIFACT), projection.to_safetensors())
+        stage_run.write_output(storage.join(prefix, ARTIFACT), artifact)
         stage_run.write_output(storage.join(prefix, "summary.json"), json.dumps(summary.as_record(), indent=2).encode())
+    projection = Projection.from_safetensors(artifact)
     if params.write_targets:
         with stage_run.phase("write_targets"):
             targets_prefix = catalog.targets_prefix(params.store, params.teacher, params.name)
@@ -154,6 +142,67 @@ def run(params: FitPCAParams, force: bool = False, progress: bool = False) -> ma
                     reporter.update(shard.rows or 0)
     stage_run.stats = summary.stats()
     return stage_run.publish()
+
+
+def _fitted(
+    params: FitPCAParams,
+    stage_run: manifest.StageRun,
+    rows: tuple[list[manifest.Output], float],
+    kept: tuple[manifest.Input, bytes] | None,
+    progress: bool,
+) -> tuple[bytes, FitSummary]:
+    """The artifact (fitted over the shards' rows sampled at ``fraction``, or the ``kept`` basis as it is) and the
+    summary of the fit."""
+    shards, fraction = rows
+    if kept is not None:
+        projection = Projection.from_safetensors(kept[1], kept[0].uri)
+        log.info("fit_pca %s: keeping the basis of distill run %s (%s)", stage_run.key, params.basis_from, kept[0].uri)
+        if len(projection.components) != params.k or projection.mode != params.mode:
+            raise PCAError(
+                f"{kept[0].uri}: a {projection.mode} basis of k={len(projection.components)}, not the "
+                f"{params.mode} k={params.k} asked for"
+            )
+        body, dim = kept[1], projection.components.shape[1]
+    else:
+        log.info(
+            "fit_pca %s: %d rows available, sample fraction %.4g",
+            stage_run.key,
+            sum(s.rows or 0 for s in shards),
+            fraction,
+        )
+        with stage_run.phase("accumulate"):
+            accumulator = accumulate(shards, fraction, params.seed, progress)
+        with stage_run.phase("eigendecomposition"):
+            projection = accumulator.fit(params.k, params.mode)
+        body, dim = projection.to_safetensors(), accumulator.dim
+    return body, FitSummary(
+        teacher=params.teacher,
+        mode=params.mode,
+        k=params.k,
+        dim=dim,
+        rows_fitted=projection.rows,
+        rows_available=sum(s.rows or 0 for s in shards),
+        sample_fraction=fraction,
+        explained_variance_ratio_sum=float(projection.explained_variance_ratio.sum()),
+        explained_variance_ratio=projection.explained_variance_ratio.round(6).tolist(),
+        basis_from=params.basis_from,
+    )
+
+
+def _kept_basis(params: FitPCAParams) -> tuple[manifest.Input, bytes] | None:
+    """The PCA artifact the distill run ``basis_from`` learned (its record, its bytes read verified), or None."""
+    if params.basis_from is None:
+        return None
+    distilled = promoted.distill_run(params.store, params.basis_from)
+    if distilled is None:
+        raise PCAError(f"{params.store}: no published distill run {params.basis_from!r} to keep the PCA basis of")
+    found = spaces.basis(params.store, distilled)
+    if found is None:
+        raise PCAError(
+            f"distill run {params.basis_from!r} records no PCA basis (it was distilled before runs recorded theirs); "
+            "fit one instead (no basis_from)"
+        )
+    return found, storage.read_bytes(found.uri, sha256=found.sha256)
 
 
 def accumulate(

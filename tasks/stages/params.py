@@ -22,6 +22,7 @@ IndexType = Literal["auto", "flat", "ivf_flat", "hnsw", "ivf_pq"]
 # Every name-like parameter (a run, model run, PCA run or index name) is one store path segment, held to
 # the catalog's one name rule; AutoRunName also takes "", which means "derive the name".
 RunName = Annotated[str, Field(pattern=catalog.RUN_NAME_PATTERN)]
+TEACHER_SAMPLE = 1000  # rows of a partition the teacher encodes by default (tasks.core.teacher_sample)
 AutoRunName = Annotated[str, Field(pattern=catalog.AUTO_RUN_NAME_PATTERN)]
 
 
@@ -64,6 +65,13 @@ class AugmentParams(StageParams):
     synonym_rate: float = Field(0.2, gt=0, le=1, description="wordnet: share of content words replaced")
     delete_rate: float = Field(0.1, gt=0, lt=1, description="delete: probability of dropping each word")
     swaps: int = Field(1, gt=0, description="swap: number of word swaps")
+    teacher_sample: int = Field(
+        TEACHER_SAMPLE,
+        ge=0,
+        description="vary only the sentences the teacher's sample of the partition can hold (the first N of its "
+        "order: encode-teacher's teacher_sample); 0: every sentence",
+    )
+    sample_seed: int = Field(0, description="seed of the teacher sample's order (encode-teacher's sample_seed)")
     translate_forward: str | None = Field(None, description="back_translation: en->X model folder")
     translate_backward: str | None = Field(None, description="back_translation: X->en model folder")
     translate_batch_size: int = Field(16, gt=0)
@@ -86,6 +94,14 @@ class EncodeTeacherParams(StageParams):
     dtype: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="compute dtype (autocast); auto: bf16 where the hardware runs it natively, else fp32"
     )
+    teacher_sample: int = Field(
+        TEACHER_SAMPLE,
+        ge=0,
+        description="rows of the partition the teacher encodes: a deterministic sample (staged sentences by a seeded "
+        "hash of their id, each followed by its augmented variants), what the PCA, retrains, drift and the quality "
+        "checks read; the student indexes every row; 0: every row",
+    )
+    sample_seed: int = Field(0, description="seed of the sample's order")
     output_dtype: Literal["float32", "float16"] = Field("float32", description="stored embedding type")
     batch_size: int = Field(
         16, gt=0, description="rows per forward pass (sorted by length): small batches pad less on a CPU; more on a GPU"
@@ -105,6 +121,11 @@ class FitPCAParams(StageParams):
     seed: int = Field(0, description="seed of the row sample")
     name: AutoRunName = Field("", description="run name (default: k<k>-<mode>)")
     write_targets: bool = Field(True, description="also write the projected targets dataset")
+    basis_from: RunName | None = Field(
+        None,
+        description="keep the PCA basis the student of this distill run learned (its recorded artifact) instead of "
+        "fitting one: the targets, and a student warm-started from that run, stay in its embedding space",
+    )
 
     @model_validator(mode="after")
     def _default_name(self) -> FitPCAParams:

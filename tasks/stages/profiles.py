@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from datetime import date
 
-from tasks.core import catalog, manifest, parquet_shards, storage
+from tasks.core import catalog, manifest, storage
 from tasks.core.catalog import Stage
 from tasks.ml import drift_stats
 from tasks.ml.projection import Projection, published_projection
@@ -63,9 +63,6 @@ def read(output: manifest.Output) -> drift_stats.Profile:
 def _shard_profile(
     sentences: manifest.Output, embeddings: manifest.Output, projection: Projection
 ) -> drift_stats.Profile:
-    """The profile of one sentences shard and its teacher embeddings, rows matched by sentence id."""
-    staged = storage.read_parquet(sentences.uri, columns=["sentence_id", "text"], sha256=sentences.sha256)
-    encoded = storage.read_parquet(embeddings.uri, columns=["sentence_id", "embedding"], sha256=embeddings.sha256)
-    text_of = dict(zip(staged.column("sentence_id").to_pylist(), staged.column("text").to_pylist(), strict=True))
-    texts = [text_of[sentence_id] for sentence_id in encoded.column("sentence_id").to_pylist()]
-    return drift_stats.profile(texts, parquet_shards.vectors(encoded, "embedding", embeddings.uri), projection)
+    """The profile of the rows of one sentences shard the teacher encoded (its sample), with their texts."""
+    rows = encode_teacher.read_encoded(sentences, embeddings)
+    return drift_stats.profile(rows.texts, rows.vectors, projection)

@@ -283,7 +283,9 @@ def data_docs_index(store: str, ingest_date: date) -> str | None:
 
 
 def planned_checks(params: QualityParams) -> list[tuple[manifest.Output, str, SuiteSettings]]:
-    """(a published shard as its writer's manifest records it, suite, suite settings) for the partition."""
+    """(a published shard as its writer's manifest records it, suite, suite settings) for the partition: its
+    sentences, what the teacher encoded of them (its sample: a shard of which none is sampled is empty, and not
+    checked) and the PCA run's targets."""
     shards = sentences.published(params.store, params.ingest_date)
     if not shards:
         raise QualityError(f"{params.store}: nothing staged for {catalog.partition_key(params.ingest_date)}")
@@ -293,11 +295,11 @@ def planned_checks(params: QualityParams) -> list[tuple[manifest.Output, str, Su
         for shard in shards:
             key = catalog.teacher_shard_key(params.teacher, params.ingest_date, shard.uri)
             encoded = manifest.read(params.store, Stage.ENCODE_TEACHER, key)
-            checks.extend((o, "embeddings", embedding_settings) for o in (encoded.outputs if encoded else ()))
+            checks.extend((o, "embeddings", embedding_settings) for o in (encoded.outputs if encoded else ()) if o.rows)
     if params.pca_name and params.teacher:
         fitted = manifest.read(params.store, Stage.FIT_PCA, catalog.pca_key(params.teacher, params.pca_name))
         if fitted is None:
             raise QualityError(f"{params.store}: no PCA run {params.pca_name!r} for {params.teacher!r}")
         targets = fitted.outputs_of(Dataset.PROJECTED_TARGETS)
-        checks.extend((o, "targets", SuiteSettings(min_variance=params.min_variance)) for o in targets)
+        checks.extend((o, "targets", SuiteSettings(min_variance=params.min_variance)) for o in targets if o.rows)
     return checks

@@ -190,14 +190,15 @@ def test_airflow_run_name_always_follows_the_name_rule(run_id):
 
 
 # -- pointers -----------------------------------------------------------------------------------------------
-def _model(run: str, score: float) -> ModelPointer:
-    versions = "file:///store/manifest_versions"
+def _model(run: str, score: float, store: str = "file:///store") -> ModelPointer:
+    versions = f"{store}/manifest_versions"
     return ModelPointer(
         run, {"STS-B test": score}, f"{versions}/validate/{run}/1.json", f"{versions}/distill/{run}/2.json"
     )
 
 
-INDEX = IndexPointer("file:///s/indexes/x/i.faiss", "file:///s/indexes/x/ids.parquet", "file:///s/m.json", "x", 8, "r")
+def _index(store: str) -> IndexPointer:
+    return IndexPointer(f"{store}/indexes/x/i.faiss", f"{store}/indexes/x/ids.parquet", f"{store}/m.json", "x", 8, "r")
 
 
 def test_what_a_pointer_names_is_kept_per_run():
@@ -226,46 +227,57 @@ def test_pointer_is_empty_until_moved(store_root):
 
 
 def test_pointer_compare_and_swap(store_root):
-    first = _model("a", 1.0)
+    first = _model("a", 1.0, store_root)
     catalog.move_pointer(store_root, first, None)
     value, etag = catalog.read_pointer(store_root, Pointer.MODEL)
     assert value == first and etag
     assert json.loads(storage.read_bytes(f"{store_root}/models/current.json")) == {
         "model_run": "a",
         "scores": {"STS-B test": 1.0},
-        "validation": "file:///store/manifest_versions/validate/a/1.json",
-        "model": "file:///store/manifest_versions/distill/a/2.json",
+        "validation": "manifest_versions/validate/a/1.json",
+        "model": "manifest_versions/distill/a/2.json",
     }
     assert catalog.read_pointer(store_root, Pointer.INDEX) == (None, None)  # the other pointer is apart
 
     with pytest.raises(PointerMoved):  # creating it again: someone else did
-        catalog.move_pointer(store_root, _model("z", 0.0), None)
+        catalog.move_pointer(store_root, _model("z", 0.0, store_root), None)
     assert catalog.read_pointer(store_root, Pointer.MODEL) == (first, etag)
 
-    second = _model("b", 2.0)
+    second = _model("b", 2.0, store_root)
     catalog.move_pointer(store_root, second, etag)
     value, new_etag = catalog.read_pointer(store_root, Pointer.MODEL)
     assert value == second and new_etag != etag
 
     with pytest.raises(PointerMoved):  # the first etag is stale now
-        catalog.move_pointer(store_root, _model("c", 3.0), etag)
+        catalog.move_pointer(store_root, _model("c", 3.0, store_root), etag)
     assert catalog.read_pointer(store_root, Pointer.MODEL) == (second, new_etag)
 
-    third = _model("c", 3.0)
+    third = _model("c", 3.0, store_root)
     catalog.move_pointer(store_root, third, new_etag)
     assert catalog.read_pointer(store_root, Pointer.MODEL)[0] == third
 
 
 def test_the_index_pointer_round_trips(store_root):
-    catalog.move_pointer(store_root, INDEX, None)
-    assert catalog.read_pointer(store_root, Pointer.INDEX)[0] == INDEX
+    catalog.move_pointer(store_root, _index(store_root), None)
+    assert catalog.read_pointer(store_root, Pointer.INDEX)[0] == _index(store_root)
     assert catalog.read_pointer(store_root, Pointer.MODEL) == (None, None)
 
 
 def test_moving_a_missing_pointer_with_an_etag_fails(store_root):
     with pytest.raises(PointerMoved):
-        catalog.move_pointer(store_root, INDEX, '"0123"')
+        catalog.move_pointer(store_root, _index(store_root), '"0123"')
     assert catalog.read_pointer(store_root, Pointer.INDEX) == (None, None)
+
+
+@pytest.mark.parametrize("pointer", list(Pointer))
+def test_a_pointer_naming_an_object_outside_its_store_is_refused(store_root, pointer):
+    """A pointer is never followed out of its store: one naming another store's manifest (a hand-made pointer, a
+    bad copy) is refused, naming it, whichever object of it is outside."""
+    elsewhere = "file:///another-store"
+    value = _model("a", 1.0, elsewhere) if pointer is Pointer.MODEL else _index(elsewhere)
+    catalog.move_pointer(store_root, value, None)  # recorded as absolute URIs: they are not below this store
+    with pytest.raises(catalog.PointerError, match=f"names {elsewhere}/.*, outside the store {store_root}; refused"):
+        catalog.read_pointer(store_root, pointer)
 
 
 def test_a_pointer_of_the_wrong_shape_is_named(store_root):

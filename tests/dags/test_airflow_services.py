@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tasks.core import catalog, lineage, manifest, storage
+from tasks.core import catalog, manifest, partitions, storage
 from tasks.core.catalog import Stage
 from tasks.ml import segments
 from tests.support.airflow_services import AirflowServices
@@ -188,7 +188,7 @@ def test_new_data_retrains_and_the_promotion_rebuilds_the_index_on_the_events_st
     assert {r["state"] for r in retrains} == {"success"}, retrains
     promoted = _promoted(services.store)
     assert promoted is not None
-    trained = {d.isoformat() for d in lineage.trained_partitions(services.store, promoted.model_run)}
+    trained = {d.isoformat() for d in partitions.trained_partitions(services.store, promoted.model_run)}
     assert trained and trained <= set(DAYS)
 
     index_runs = _wait_for_runs(services, "hpd_index", 1, timeout=300)
@@ -228,7 +228,7 @@ def test_a_retrain_without_new_data_distils_nothing(services):
     run_id = _trigger(services, "hpd_retrain", {})
     assert services.wait_for_run("hpd_retrain", run_id, timeout=300) == "success"
     states = services.task_states("hpd_retrain", run_id)
-    assert states["decide"] == "success"
+    assert states["plan"] == "success"
     assert {states[t] for t in ("fit_pca", "distill", "validate", "announce_promotion")} == {"skipped"}
     assert manifest.list_keys(services.store, Stage.DISTILL) == distilled_before
 

@@ -1,6 +1,6 @@
 """``hpd_retrain`` decides through Airflow whether to train: a run with nothing worth training ends green with every
 training task skipped, and a forced, a volume-triggered and a drift-flagged run each go on to train, their reason
-in the ``decide`` task's log. The training tasks themselves run in tests/dags/test_dag_runs.py."""
+in the ``plan`` task's log. The training tasks themselves run in tests/dags/test_dag_runs.py."""
 
 import json
 import subprocess
@@ -43,7 +43,7 @@ def _airflow(args: list[str], env: dict[str, str]) -> str:
 def _decide(prepared: dict, day: str, **params) -> str:
     """The ``decide`` task of a new ``hpd_retrain`` run for ``day`` with ``params``: its log line."""
     conf = {"store": prepared["store"], "teacher": prepared["teacher"], **params}
-    out = _airflow(["tasks", "test", "hpd_retrain", "decide", day, "-t", json.dumps(conf)], prepared["env"])
+    out = _airflow(["tasks", "test", "hpd_retrain", "plan", day, "-t", json.dumps(conf)], prepared["env"])
     (line,) = [line for line in out.splitlines() if "retraining" in line and "tasks.orchestration.runtime" in line]
     return line
 

@@ -9,7 +9,7 @@ import pytest
 
 from tasks.core import config, storage
 from tasks.ml import vector_index
-from tasks.orchestration import retrain_policy
+from tasks.orchestration import day_plan
 from tasks.stages import build_index, encode_teacher, fit_pca, stage_corpus
 from tests.support.projected_store import corpus_lines, distill_tiny
 from tests.support.tiny_models import build_sentence_model
@@ -48,7 +48,7 @@ def _staged_in(root: Path, order: list[int], models: dict[str, str]) -> dict:
         stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, values))
         values = {"store": store, "teacher": models["teacher"], "ingest_date": day}
         encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams, values))
-    days = retrain_policy.training_partitions(store, models["teacher"], 10_000, after_promoted=False)
+    days = day_plan.training_partitions(store, models["teacher"], 10_000, after_promoted=False)
     values = {"store": store, "teacher": models["teacher"], "k": 8, "partitions": days, "name": "k8-backfill"}
     fit_pca.run(config.parse(fit_pca.FitPCAParams, values))
     prepared = {"store": store, **models}

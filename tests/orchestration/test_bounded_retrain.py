@@ -4,10 +4,12 @@ warm start from the promoted student, which counts what that student had learned
 import numpy as np
 import pytest
 
-from tasks.core import catalog, config, lineage, manifest
+from tasks.core import catalog, config, learned, manifest, partitions, promoted, spaces
 from tasks.core.catalog import Stage
 from tasks.ml.encoder import SentenceEncoder
-from tasks.orchestration import retrain_policy
+from tasks.ml.projection import PCAError
+from tasks.orchestration import day_plan
+from tasks.orchestration.run_records import RetrainParams
 from tasks.stages import fit_pca
 from tasks.stages.distill.errors import DistillError
 from tests.support.policy_store import LATER, NEW, TRAINED, TRAINED_ROWS, promoted_store, stage_new_partition
@@ -27,10 +29,10 @@ def prepared(tmp_path_factory):
 
 def test_the_new_partitions_come_first_then_older_ones_while_they_fit(prepared):
     store, teacher = prepared["store"], prepared["teacher"]
-    assert retrain_policy.training_partitions(store, teacher, None) == [TRAINED, NEW]
-    assert retrain_policy.training_partitions(store, teacher, NEW_ROWS + TRAINED_ROWS) == [TRAINED, NEW]
-    assert retrain_policy.training_partitions(store, teacher, NEW_ROWS + TRAINED_ROWS - 1) == [NEW]
-    assert retrain_policy.training_partitions(store, teacher, 1) == [NEW]  # at least one
+    assert day_plan.training_partitions(store, teacher, None) == [TRAINED, NEW]
+    assert day_plan.training_partitions(store, teacher, NEW_ROWS + TRAINED_ROWS) == [TRAINED, NEW]
+    assert day_plan.training_partitions(store, teacher, NEW_ROWS + TRAINED_ROWS - 1) == [NEW]
+    assert day_plan.training_partitions(store, teacher, 1) == [NEW]  # at least one
 
 
 def _warm_started(prepared, name: str, **settings) -> manifest.StageResult:
@@ -49,7 +51,7 @@ def test_a_warm_start_begins_from_the_promoted_student_and_inherits_what_it_lear
     assert published.inputs[-1].uri == prepared["distilled"].version_uri(store)  # lineage, and the fingerprint
     assert published.stats["learned_partitions"] == [TRAINED.isoformat(), NEW.isoformat()]
     assert cold.stats["learned_partitions"] == [NEW.isoformat()]
-    assert lineage.learned_partitions(store, published) == {TRAINED, NEW}
+    assert learned.of(store, published).partitions == [TRAINED, NEW]
     assert (published.stats["learned_rows"], cold.stats["learned_rows"]) == (TRAINED_ROWS + NEW_ROWS, NEW_ROWS)
 
     def body(run: str):  # the transformer's weights, the head aside (it is initialised again)
@@ -76,11 +78,11 @@ def test_once_promoted_a_warm_started_model_leaves_nothing_untrained(prepared):
     pointer, etag = catalog.read_pointer(store, catalog.Pointer.MODEL)
     catalog.move_pointer(store, catalog.ModelPointer("warm", {}, validation, warm.version_uri(store)), etag)
     try:
-        assert lineage.untrained_partitions(store, teacher) == []  # TRAINED came through the warm start
+        assert promoted.unlearned(store, partitions.encoded_partitions(store, teacher)) == []  # through the warm start
         stage_new_partition(prepared, rows=NEW_ROWS, day=LATER)
-        decided = retrain_policy.decide(store, teacher, retrain_policy.Policy(0.5, 30))
-        assert decided.facts["learned_rows"] == TRAINED_ROWS + NEW_ROWS  # not only the rows "warm" read
-        assert decided.facts["new_rows"] == NEW_ROWS
+        decided = day_plan.decide(store, teacher, day_plan.Policy(0.5, 30))
+        assert decided.facts.learned_rows == TRAINED_ROWS + NEW_ROWS  # not only the rows "warm" read
+        assert decided.facts.new_rows == NEW_ROWS
     finally:
         catalog.move_pointer(store, pointer, catalog.read_pointer(store, catalog.Pointer.MODEL)[1])
 
@@ -91,14 +93,32 @@ def test_a_warm_start_from_a_run_that_does_not_exist_is_refused_naming_it(prepar
 
 
 def test_the_dag_warm_starts_from_the_promoted_model_of_the_same_base_and_a_rerun_as_it_ran(prepared):
-    from tasks.orchestration import runtime
-
     for run in ("warm", "cold"):
         if manifest.read(prepared["store"], Stage.DISTILL, run) is None:
             _warm_started(prepared, run, **({"warm_start": "tiny"} if run == "warm" else {}))
-    params = {"store": prepared["store"], "student": prepared["student"], "student_layers": None}
-    assert runtime.warm_start_for(params, "next") == "tiny"
-    assert runtime.warm_start_for({**params, "student_layers": 1}, "next") is None  # another base: from it
-    assert runtime.warm_start_for({**params, "student": prepared["teacher"]}, "next") is None
-    assert runtime.warm_start_for(params, "warm") == "tiny"  # a rerun of a published run starts as it did
-    assert runtime.warm_start_for(params, "cold") is None
+    store = prepared["store"]
+    params = RetrainParams(teacher=prepared["teacher"], student=prepared["student"])
+    assert day_plan.warm_start_for(store, params, "next") == "tiny"
+    other_base = params.model_copy(update={"student_layers": 1})
+    assert day_plan.warm_start_for(store, other_base, "next") is None  # another base: from it
+    assert day_plan.warm_start_for(store, params.model_copy(update={"student": prepared["teacher"]}), "next") is None
+    assert day_plan.warm_start_for(store, params, "warm") == "tiny"  # a rerun of a published run starts as it did
+    assert day_plan.warm_start_for(store, params, "cold") is None
+
+
+def test_a_warm_started_retrain_can_keep_the_pca_basis_its_start_learned_and_so_its_embedding_space(prepared):
+    store, teacher = prepared["store"], prepared["teacher"]
+    start = manifest.read(store, Stage.DISTILL, "tiny")
+    values = {"store": store, "teacher": teacher, "k": 8, "partitions": [NEW], "name": "k8-kept", "basis_from": "tiny"}
+    kept = fit_pca.run(config.parse(fit_pca.FitPCAParams, values))
+    artifact = kept.manifest.output_named("pca.safetensors")
+    assert artifact.sha256 == spaces.basis(store, start).sha256  # the very basis, not a new fit on NEW alone
+    assert spaces.basis(store, start).uri in {i.uri for i in kept.manifest.inputs}  # lineage: the basis it kept
+    refit = fit_pca.run(config.parse(fit_pca.FitPCAParams, {**values, "name": "k8-refit", "basis_from": None}))
+    assert refit.manifest.output_named("pca.safetensors").sha256 != artifact.sha256
+    warm = distill_tiny(prepared, "kept-space", max_steps=1, pca_name="k8-kept", warm_start="tiny")
+    assert spaces.of(store, warm.manifest) == spaces.of(store, start)
+    with pytest.raises(PCAError, match="a uncentered basis of k=8, not the uncentered k=4 asked for"):
+        fit_pca.run(config.parse(fit_pca.FitPCAParams, {**values, "k": 4, "name": "k4-kept"}))
+    with pytest.raises(PCAError, match="no published distill run 'nowhere' to keep the PCA basis of"):
+        fit_pca.run(config.parse(fit_pca.FitPCAParams, {**values, "basis_from": "nowhere"}))

@@ -5,7 +5,7 @@ from datetime import date
 import pyarrow as pa
 import pytest
 
-from tasks.core import catalog, config, manifest, sentences, storage
+from tasks.core import catalog, config, manifest, sentences, storage, teacher_sample
 from tasks.core.catalog import Stage
 from tasks.ml import wordnet
 from tasks.stages import augment, stage_corpus
@@ -165,3 +165,32 @@ def test_teacher_encoding_covers_augmented_shards(store):
     _run(store, methods=["swap"])
     names = [uri.rsplit("/", 3)[-3] for uri in sentences.shards(store, DAY)]
     assert names == ["sentences", "sentences_aug"]
+
+
+def test_only_sentences_the_teacher_sample_can_hold_are_varied_and_the_sample_holds_each_with_its_variants(
+    store, originals, tmp_path
+):
+    """With a teacher sample of 4 rows, augmentation varies only the first 4 staged sentences of the sample's order
+    (no variant of another could be sampled); the teacher then encodes exactly 4 rows: the first sentences of the
+    order, each followed by its variant."""
+    from tasks.stages import encode_teacher
+    from tests.support.tiny_models import build_sentence_model
+
+    order = teacher_sample.ordered(list(originals), 0)
+    _run(store, methods=["swap"], teacher_sample=4)
+    varied = [row["parent_id"] for row in _rows(store)]
+    assert varied and set(varied) <= set(order[:4])
+    assert not set(varied) & set(order[4:])
+
+    model = build_sentence_model(tmp_path / "tiny")
+    values = {"store": store, "teacher": str(model), "ingest_date": DAY, "teacher_sample": 4}
+    encoded = encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams, values))
+    assert encoded.stats["rows"] == 4 and encoded.stats["rows_available"] == len(originals) + len(varied)
+    variant_of = {row["parent_id"]: row["sentence_id"] for row in _rows(store)}
+    expected = [sid for parent in order for sid in (parent, variant_of.get(parent)) if sid][:4]
+    sampled = {
+        sid
+        for uri in encode_teacher.output_shards(store, str(model), DAY)
+        for sid in storage.read_parquet(uri).column("sentence_id").to_pylist()
+    }
+    assert sampled == set(expected)

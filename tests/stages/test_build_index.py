@@ -259,10 +259,7 @@ def _published_by_hand(store: str, index_body: bytes, ids_body: bytes) -> IndexP
 
 def test_a_pointer_naming_a_missing_index_is_a_clear_error(tmp_path, store):
     other = storage.to_uri(str(tmp_path / "other"))
-    ids = next(
-        o.uri for o in _build(store, index_type="flat", name="gone", promote=False).outputs if o.contract == "index_ids"
-    )
-    catalog.move_pointer(other, _index_pointer(f"{other}/indexes/gone/index.faiss", ids), None)
+    catalog.move_pointer(other, _index_pointer(f"{other}/indexes/gone/index.faiss", f"{other}/indexes/gone/ids"), None)
     with pytest.raises(vector_index.IndexBuildError, match="gone/index.faiss, which does not exist"):
         vector_index.search(other, "anything")
     with pytest.raises(vector_index.IndexBuildError, match="no index promoted yet"):

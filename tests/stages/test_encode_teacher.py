@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tasks import cli
-from tasks.core import catalog, config, contracts, manifest, sentences, storage
+from tasks.core import catalog, config, contracts, manifest, sentences, storage, teacher_sample
 from tasks.core.catalog import Stage
 from tasks.ml import models
 from tasks.ml.models import ModelError
@@ -70,17 +70,19 @@ def test_each_shard_becomes_one_embedding_shard_then_skips(store, tmp_path, tiny
     _stage(store, tmp_path)
     caplog.set_level(logging.INFO, logger="tasks")
     result = encode_teacher.run(_params(store, tiny_model))
-    assert result.stats == {"shards": 4, "encoded": 4, "skipped": 0, "rows": 40}
+    assert result.stats == {"shards": 4, "encoded": 4, "skipped": 0, "rows": 40, "rows_available": 40}
     partition = catalog.teacher_partition(str(tiny_model), DAY)
     lines = [r.getMessage() for r in caplog.records if r.name == "tasks.stages.encode_teacher"]
     batch = encode_teacher.EncodeTeacherParams.model_fields["batch_size"].default
-    assert lines[0].startswith(f"encode_teacher: teacher {tiny_model} on cpu (") and f", batch {batch}" in lines[0]
-    per_shard = [line for line in lines if " rows encoded in " in line]
+    sample = "the teacher sample (at most 1000 rows) holds 40 of the partition's 40 rows"
+    assert lines[0] == f"encode_teacher ingest_date=2026-11-01: {sample}"
+    assert lines[1].startswith(f"encode_teacher: teacher {tiny_model} on cpu (") and f", batch {batch}" in lines[1]
+    per_shard = [line for line in lines if " sampled rows of " in line]
     assert len(per_shard) == 4 and all(
-        line.endswith(" rows/s") and ": 10 rows encoded in " in line for line in per_shard
+        line.endswith(" rows/s), 0 reused") and ": 10 sampled rows of 10: 10 encoded in " in line for line in per_shard
     )
     assert lines[-2].startswith(f"encode_teacher {partition}: finished 40/40 rows (100.0%) in ")
-    assert lines[-1] == f"encode_teacher {partition}: 4 shard(s) encoded, 0 skipped"
+    assert lines[-1] == f"encode_teacher {partition}: 4 shard(s) encoded, 0 skipped; the teacher holds 40 of 40 rows"
     outputs = encode_teacher.output_shards(store, str(tiny_model), DAY)
     assert len(outputs) == 4
     table = storage.read_parquet(outputs[0])
@@ -98,9 +100,58 @@ def test_each_shard_becomes_one_embedding_shard_then_skips(store, tmp_path, tiny
     assert again.skipped and again.stats["skipped"] == 4
     skips = [m for m in caplog.messages if ": skipped: " in m]
     assert len(skips) == 4 and all(m.endswith("matches, and its 1 output(s) are intact") for m in skips)
-    assert caplog.messages[-1] == f"encode_teacher {partition}: 0 shard(s) encoded, 4 skipped"
+    assert (
+        caplog.messages[-1]
+        == f"encode_teacher {partition}: 0 shard(s) encoded, 4 skipped; the teacher holds 40 of 40 rows"
+    )
     group = encode_teacher.run(_params(store, tiny_model, shards=[1, 2]), force=True)
-    assert group.stats == {"shards": 2, "encoded": 2, "skipped": 0, "rows": 20}
+    assert group.stats == {"shards": 2, "encoded": 2, "skipped": 0, "rows": 20, "rows_available": 40}
+
+
+def _teacher_rows(store, model) -> dict[str, np.ndarray]:
+    """Every row the teacher encoded in the partition: sentence id -> embedding."""
+    tables = [storage.read_parquet(uri) for uri in encode_teacher.output_shards(store, str(model), DAY)]
+    return {
+        sid: np.asarray(vector)
+        for table in tables
+        for sid, vector in zip(
+            table.column("sentence_id").to_pylist(), table.column("embedding").to_pylist(), strict=True
+        )
+    }
+
+
+def test_the_teacher_encodes_a_bounded_sample_chosen_by_content_and_encodes_a_row_once(tmp_path, tiny_model):
+    """The teacher encodes ``teacher_sample`` rows of a partition, the same ones whatever order its sentences came
+    in; a larger sample encodes only the rows it adds (the others are reused, bit for bit), and 0 encodes all."""
+    lines = _corpus_lines(40)
+    stores = {}
+    for name, order in (("forward", lines), ("reversed", lines[::-1])):
+        stores[name] = storage.to_uri(str(tmp_path / name))
+        source = tmp_path / f"{name}.txt"
+        source.write_text("\n".join(order))
+        values = {"store": stores[name], "source": str(source), "ingest_date": DAY, "shard_rows": 10}
+        stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, values))
+        encode_teacher.run(_params(stores[name], tiny_model, teacher_sample=15))
+    sampled = {name: _teacher_rows(store, tiny_model) for name, store in stores.items()}
+    assert len(sampled["forward"]) == 15 and set(sampled["forward"]) == set(sampled["reversed"])
+    staged = [sentences.sentence_id(sentences.normalise_text(line)) for line in lines]
+    assert set(sampled["forward"]) == set(teacher_sample.ordered(staged, 0)[:15])
+
+    store = stores["forward"]
+    grown = encode_teacher.run(_params(store, tiny_model, teacher_sample=25))
+    assert grown.stats["rows"] == 25 and grown.stats["rows_available"] == 40
+    shard_runs = [
+        manifest.read(store, Stage.ENCODE_TEACHER, key) for key in manifest.list_keys(store, Stage.ENCODE_TEACHER)
+    ]
+    assert (
+        sum(run.stats["encoded"] for run in shard_runs) == 10 and sum(run.stats["reused"] for run in shard_runs) == 15
+    )
+    after = _teacher_rows(store, tiny_model)
+    assert all(np.array_equal(after[sid], vector) for sid, vector in sampled["forward"].items())
+    assert len(_teacher_rows(store, tiny_model)) == 25
+    everything = encode_teacher.run(_params(store, tiny_model, teacher_sample=0))
+    assert everything.stats["rows"] == 40
+    assert encode_teacher.run(_params(store, tiny_model, teacher_sample=0)).skipped
 
 
 def test_float16_output_and_shard_selection(store, tmp_path, tiny_model):
@@ -171,14 +222,13 @@ def test_an_altered_staged_shard_fails_naming_it_and_publishes_nothing_for_it(st
         key = catalog.teacher_shard_key(str(tiny_model), DAY, shard.uri)
         return manifest.read(store, Stage.ENCODE_TEACHER, key)
 
-    assert published_for(altered) is None
-    assert published_for(intact) is not None  # a shard is its own unit: the intact one before it stands
-    (written,) = storage.list_uris(f"{store}/teacher")
-    assert catalog.derived_stem(intact.uri) in written
+    # the teacher sample is chosen over every shard of the partition, each read verified first: nothing is encoded
+    assert published_for(altered) is None and published_for(intact) is None
+    assert storage.list_uris(f"{store}/teacher") == []
     with pytest.raises(storage.IntegrityError) as err:
         encode_teacher.run(_params(store, tiny_model))
     assert (err.value.uri, err.value.expected) == (altered.uri, altered.sha256)
-    assert storage.list_uris(f"{store}/teacher") == [written]
+    assert storage.list_uris(f"{store}/teacher") == []
 
 
 def test_nothing_staged_is_a_clear_error(store, tiny_model):
@@ -268,7 +318,7 @@ def test_a_composite_teacher_combines_its_members_shards_then_skips(store, tmp_p
     spec = f"{tiny_model}+{other}"
     _stage(store, tmp_path, n=20)
     result = encode_teacher.run(_params(store, spec))
-    assert result.stats == {"shards": 2, "encoded": 2, "skipped": 0, "rows": 20}
+    assert result.stats == {"shards": 2, "encoded": 2, "skipped": 0, "rows": 20, "rows_available": 20}
     members = [encode_teacher.output_shards(store, str(m), DAY) for m in (tiny_model, other)]
     combined = encode_teacher.output_shards(store, spec, DAY)
     assert [len(m) for m in members] == [2, 2] and len(combined) == 2

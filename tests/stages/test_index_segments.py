@@ -1,12 +1,13 @@
 """Index versions made of segments: a new partition is encoded alone, segments merge by tiers, and whatever the
 order partitions came in, the version searches as one full build over the same data does."""
 
+import dataclasses
 import logging
 from datetime import date, timedelta
 
 import pytest
 
-from tasks.core import catalog, config, manifest, storage
+from tasks.core import catalog, config, manifest, spaces, storage
 from tasks.core.catalog import Pointer, Stage
 from tasks.ml import segments, vector_index
 from tasks.serve.holder import IndexHolder
@@ -128,3 +129,21 @@ def test_gc_keeps_every_segment_the_current_version_lists_and_a_service_swaps_in
     _, listed = segments.read_table(store, pointer.index)
     assert all(storage.exists(o.uri) for s in listed for o in s.outputs)
     assert sorted(vector_index.load_current(store).sentence_ids) == sorted(after.sentence_ids)
+
+
+def test_segments_are_stamped_with_their_embedding_space_and_a_version_mixing_spaces_is_refused(store):
+    _build(store, "spaces", DAYS[:1], promote=False)
+    table = _table(store, _build(store, "spaces", DAYS[:2], promote=False))  # two segments
+    distilled = manifest.read(store, Stage.DISTILL, "tiny")
+    space = spaces.of(store, distilled)
+    assert space == f"pca:{spaces.basis(store, distilled).sha256}" and {s.space for s in table} == {space}
+    vector_index.require_one_space(store, table, distilled)  # one space, the queries' student's: searched
+    other = "pca:" + "0" * 64  # another basis: a student distilled to another PCA
+    mixed = [table[0], dataclasses.replace(table[1], space=other)]
+    with pytest.raises(vector_index.IndexBuildError, match=f"its vectors are in the embedding space {other}, the"):
+        vector_index.require_one_space(store, mixed, distilled)
+    legacy = [dataclasses.replace(s, space=None) for s in table]  # stamped before spaces: its student's own
+    vector_index.require_one_space(store, legacy, distilled)
+    foreign = [dataclasses.replace(table[0], space=None, model="manifest_versions/distill/other/r.json")]
+    with pytest.raises(vector_index.IndexBuildError, match="model:manifest_versions/distill/other/r.json"):
+        vector_index.require_one_space(store, foreign, distilled)

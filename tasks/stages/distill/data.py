@@ -42,18 +42,19 @@ class ShardPair:
     rows: int
 
     def read(self) -> tuple[list[str], list[str], np.ndarray]:
-        """(sentence ids, texts, targets) of the pair, joined by sentence id in the targets' order. Both shards
-        are read verified against their recorded sha256 (:class:`storage.IntegrityError` on a mismatch)."""
+        """(sentence ids, texts, targets) of the pair, joined by sentence id in the targets' order (the targets cover
+        the teacher's sample of the sentences shard). Both shards are read verified against their recorded sha256
+        (:class:`storage.IntegrityError` on a mismatch)."""
         sentences_sha, targets_sha = (digest or None for digest in self.sha256)
         staged = storage.read_parquet(self.sentences_uri, columns=["sentence_id", "text"], sha256=sentences_sha)
         targets = storage.read_parquet(self.targets_uri, columns=["sentence_id", "target"], sha256=targets_sha)
         text_of = dict(zip(staged.column("sentence_id").to_pylist(), staged.column("text").to_pylist(), strict=True))
         ids = targets.column("sentence_id").to_pylist()
         missing = [sid for sid in ids if sid not in text_of]
-        if missing or len(ids) != len(text_of):
+        if missing or len(set(ids)) != len(ids):
             raise DistillDataError(
-                f"{self.targets_uri}: {len(missing)} target id(s) missing from {self.sentences_uri} "
-                f"({len(text_of) - len(ids) + len(missing)} sentence id(s) without a target)"
+                f"{self.targets_uri}: {len(missing)} target id(s) missing from {self.sentences_uri}, "
+                f"{len(ids) - len(set(ids))} repeated"
             )
         return ids, [text_of[sid] for sid in ids], parquet_shards.vectors(targets, "target", self.targets_uri)
 
@@ -81,23 +82,36 @@ def shard_pairs(store: str, teacher: str, pca_name: str, partitions: list[date] 
     targets = pca.outputs_of(Dataset.PROJECTED_TARGETS)
     if not targets:
         raise DistillDataError(f"{store}: PCA run {pca_name!r} wrote no targets; rerun fit-pca with --write-targets")
-    if len(targets) != len(pca.inputs):
+    embeddings = [i for i in pca.inputs if catalog.dataset_at(store, i.uri) == Dataset.TEACHER_EMBEDDINGS]
+    if len(targets) != len(embeddings):
         raise DistillDataError(
             f"{catalog.manifest_uri(store, Stage.FIT_PCA, pca_key)}: "
-            f"{len(targets)} target shards for {len(pca.inputs)} teacher shards"
+            f"{len(targets)} target shards for {len(embeddings)} teacher shards"
         )
     encoded = _encoded_sources(store, teacher)
     pairs = []
-    for teacher_input, target in zip(pca.inputs, targets, strict=True):
+    for teacher_input, target in zip(embeddings, targets, strict=True):
         source = encoded.get(teacher_input.uri)
         if source is None:
             raise DistillDataError(f"{teacher_input.uri}: no encode_teacher manifest names its sentences shard")
         if partitions is not None and not any(f"/{catalog.partition_key(d)}/" in source.uri for d in partitions):
             continue
+        if not target.rows:  # none of the shard's rows in the teacher's sample
+            continue
         pairs.append(ShardPair(source.uri, target.uri, (source.sha256, target.sha256), target.rows or 0))
     if not pairs:
         raise DistillDataError(f"{store}: PCA run {pca_name!r} has no target shards for partitions {partitions}")
     return pairs
+
+
+def pca_basis(store: str, teacher: str, pca_name: str) -> manifest.Output:
+    """The PCA artifact of a published PCA run, as its manifest records it: the basis of its targets."""
+    from tasks.ml.projection import ARTIFACT
+
+    pca = manifest.read(store, Stage.FIT_PCA, catalog.pca_key(teacher, pca_name))
+    if pca is None:
+        raise DistillDataError(f"{store}: no PCA run {pca_name!r} for teacher {teacher!r}; run fit-pca first")
+    return pca.output_named(ARTIFACT)
 
 
 def _encoded_sources(store: str, teacher: str) -> dict[str, manifest.Input]:

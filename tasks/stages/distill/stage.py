@@ -6,12 +6,12 @@ import logging
 import tempfile
 from pathlib import Path
 
-from tasks.core import catalog, lineage, manifest, runs
+from tasks.core import catalog, learned, manifest, partitions, promoted
 from tasks.core.catalog import Stage
 from tasks.ml import student
 from tasks.stages import tracking
 from tasks.stages.distill import export
-from tasks.stages.distill.data import TrainingData, shard_pairs
+from tasks.stages.distill.data import TrainingData, pca_basis, shard_pairs
 from tasks.stages.distill.distributed import Distributed, init_distributed, select_device
 from tasks.stages.distill.errors import DistillError
 from tasks.stages.distill.trainer import Trainer
@@ -28,6 +28,7 @@ def run(params: DistillParams, force: bool = False, progress: bool = False) -> m
     """Train (or resume) the student on the PCA run's targets and publish the exported model."""
     dist = init_distributed()
     pairs = shard_pairs(params.store, params.teacher, params.pca_name, params.partitions)
+    basis = pca_basis(params.store, params.teacher, params.pca_name)
     warm = _warm_start(params)
     stage_run = manifest.StageRun(
         stage=Stage.DISTILL,
@@ -43,6 +44,7 @@ def run(params: DistillParams, force: bool = False, progress: bool = False) -> m
                     manifest.Input(p.targets_uri, p.sha256[1], p.rows),
                 )
             ),
+            basis.as_input(),  # the PCA basis the student learns: its embedding space (tasks.core.spaces)
             *([] if warm is None else [manifest.Input(warm.version_uri(params.store), warm.fingerprint)]),
         ],
     )
@@ -68,9 +70,7 @@ def _warm_start(params: DistillParams) -> manifest.Manifest | None:
     None without one; a :class:`DistillError` when none is published."""
     if params.warm_start is None:
         return None
-    promoted = runs.promoted_model(params.store)
-    served = promoted is not None and promoted.key == params.warm_start
-    found = promoted if served else manifest.read(params.store, Stage.DISTILL, params.warm_start)
+    found = promoted.distill_run(params.store, params.warm_start)
     if found is None:
         raise DistillError(f"{params.store}: no published distill run {params.warm_start!r} to warm-start from")
     return found
@@ -100,10 +100,8 @@ def _trained(
         init_record = trainer.restore_or_initialise(force)
         trainer.train(progress)
     summary = export.run_summary(trainer, init_record)
-    read = lineage.partitions_in(catalog.store_key(params.store, i.uri) or i.uri for i in stage_run.inputs)
-    learned = read | (set() if warm is None else lineage.learned_partitions(params.store, warm))
-    summary["learned_partitions"] = sorted(day.isoformat() for day in learned)
-    summary["learned_rows"] = sum(lineage.staged_rows(params.store, day) for day in learned)
+    read = partitions.partitions_in(catalog.store_key(params.store, i.uri) or i.uri for i in stage_run.inputs)
+    summary.update(learned.after_warm_start(params.store, read, warm).as_stats())
     runtime = {"runtime": params.model_dump(mode="json", include=RUNTIME)}
     if not dist.leader:
         return manifest.StageResult(stage_run.uri, skipped=False, stats={**summary, **runtime}, outputs=())

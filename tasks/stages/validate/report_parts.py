@@ -10,7 +10,7 @@ import posixpath
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from tasks.core import lineage, manifest
+from tasks.core import manifest, partitions
 from tasks.core.stage_records import GATED, GateVerdict, StsTable
 from tasks.stages.drift import TrainingDrift
 from tasks.stages.params import DistillParams
@@ -44,14 +44,14 @@ def when(timestamp: str | None) -> str:
 def run_header(store: str, distilled: manifest.Manifest, validated_at: str) -> list[tuple[str, str]]:
     """(label, value) rows naming what was validated: the model run, when, by which code, from which inputs."""
     trained = DistillParams.model_validate(distilled.params)
-    partitions = lineage.partitions_read(store, distilled)
+    days = partitions.partitions_read(store, distilled)
     layers = trained.student_layers
     return [
         ("model run", distilled.key),
         ("validated", when(validated_at)),
         ("trained", when(distilled.document.get("ended_at"))),
         ("code version", manifest.code_version()),
-        ("trained on partitions", ", ".join(str(d) for d in sorted(partitions)) or "–"),
+        ("trained on partitions", ", ".join(str(d) for d in sorted(days)) or "–"),
         ("teacher", trained.teacher),
         ("student", trained.student + (f" (first {layers} layers)" if layers else "")),
         ("PCA", trained.pca_name),

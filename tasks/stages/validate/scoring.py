@@ -20,8 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from tasks.core import catalog, manifest, parquet_shards, sentences, storage
+from tasks.core import catalog, manifest, sentences, storage
 from tasks.core.catalog import Stage
+from tasks.core.promoted import PromotedModel
 from tasks.core.stage_records import BASELINE, Record, Retrieval, StsTable
 from tasks.ml import metrics, sts
 from tasks.stages import encode_teacher
@@ -92,7 +93,7 @@ def measure(
     params: ValidateParams,
     distilled: manifest.Manifest,
     pair_sets: list[sts.PairSet],
-    promoted: catalog.ModelPointer | None,
+    promoted: PromotedModel | None,
 ) -> Measurements:
     """Score the exported student of ``distilled`` and its references on ``pair_sets`` and a corpus sample; with
     ``promoted`` (another run's promotion), also how far both students agree on the sample's neighbours."""
@@ -122,20 +123,17 @@ def measure(
         found = metrics.nearest(student_corpus, student_corpus, 10, exclude_self=True)  # each sample row's 10 nearest
         overlap = None
         if promoted is not None:
-            overlap = _neighbour_overlap(params.store, promoted, found, corpus.texts, Path(scratch))
+            overlap = _neighbour_overlap(promoted, found, corpus.texts, Path(scratch))
         return Measurements(table, _retrieval(model.encode, found, corpus, stsb), plots, overlap)
 
 
-def _neighbour_overlap(
-    store: str, promoted: catalog.ModelPointer, found: np.ndarray, texts: list[str], scratch: Path
-) -> NeighbourOverlap:
+def _neighbour_overlap(promoted: PromotedModel, found: np.ndarray, texts: list[str], scratch: Path) -> NeighbourOverlap:
     """The mean share of each sample sentence's 10 nearest sample sentences (``found``, by this run's student)
     that the promoted run's student also ranks among its 10 nearest (1: the same neighbours)."""
     from tasks.ml import student
     from tasks.ml.encoder import SentenceEncoder
 
-    served = manifest.served_distill(store, promoted)
-    theirs = SentenceEncoder.load(str(student.fetch_published(served, scratch / "promoted"))).encode(texts)
+    theirs = SentenceEncoder.load(str(student.fetch_published(promoted.distilled, scratch / "promoted"))).encode(texts)
     overlap = metrics.recall_at_k(found, metrics.nearest(theirs, theirs, 10, exclude_self=True))
     return NeighbourOverlap(run=promoted.model_run, overlap_at_10=round(overlap, 4), queries=len(texts))
 
@@ -203,22 +201,16 @@ def _read_output(output: manifest.Output) -> bytes:
 
 
 def corpus_sample(store: str, teacher: str, size: int) -> CorpusSample:
-    """The first ``size`` staged sentences that have teacher embeddings, with those embeddings; both shards
-    read verified against the sha256 their manifests record."""
+    """The first ``size`` staged sentences the teacher encoded (its sample of each partition), with their
+    embeddings; both shards read verified against the sha256 their manifests record."""
     ids, texts, vectors = [], [], []
     for day in sentences.staged_days(store):
         for shard, encoded in encode_teacher.encoded(store, teacher, day, (Stage.STAGE_CORPUS,)):
-            if encoded is None:
-                continue
-            staged = storage.read_parquet(shard.uri, columns=["sentence_id", "text"], sha256=shard.sha256)
-            ids.extend(staged.column("sentence_id").to_pylist())
-            texts.extend(staged.column("text").to_pylist())
-            embedded = encoded.outputs[0]
-            vectors.append(
-                parquet_shards.vectors(
-                    storage.read_parquet(embedded.uri, sha256=embedded.sha256), "embedding", embedded.uri
-                )
-            )
+            for embedded in encoded.outputs if encoded else ():
+                rows = encode_teacher.read_encoded(shard, embedded)
+                ids.extend(rows.ids)
+                texts.extend(rows.texts)
+                vectors.append(rows.vectors)
             if len(ids) >= size:
                 return CorpusSample(ids[:size], texts[:size], np.concatenate(vectors)[:size])
     if len(ids) < 11:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import logging
 
-from tasks.core import catalog, lineage, manifest, storage, uris
-from tasks.core.catalog import Pointer, Stage
+from tasks.core import catalog, manifest, partitions, promoted, storage, uris
+from tasks.core.catalog import Stage
 from tasks.core.promotion import Promotion
 from tasks.core.stage_records import ValidateStats
 from tasks.ml import sts
@@ -35,17 +35,18 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
         params=params.model_dump(mode="json"),
         inputs=[manifest.Input(distill_uri, distilled.fingerprint)],
     )
-    promoted, promoted_etag = catalog.read_pointer(params.store, Pointer.MODEL)
+    current = promoted.model(params.store)
     if skipped := stage_run.skip_result(force):
         return _settled(params, skipped)
-    other = promoted if promoted and promoted.model_run != params.model_run else None
+    other = current if current and current.model_run != params.model_run else None
+    pointer, promoted_etag = (current.pointer, current.etag) if current else (None, None)
     with stage_run.phase("encode_and_score"):
         measured = scoring.measure(params, distilled, pair_sets, other)
     fidelity = distilled.stats.get("exported")
     _log_measurements(params.model_run, measured, fidelity)
     with stage_run.phase("drift"):
-        training_drift = _training_drift(params.store, distilled, promoted.model_run if promoted else None)
-    reference_name, reference_scores = promotion.reference(promoted, measured.sts)
+        training_drift = _training_drift(params.store, distilled, pointer.model_run if pointer else None)
+    reference_name, reference_scores = promotion.reference(pointer, measured.sts)
     decision = promotion.decide(measured.sts.student, reference_scores, reference_name, params)
     report = ValidationReport(
         sts=measured.sts,
@@ -59,7 +60,7 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
             ValidateStats(sts=measured.sts, retrieval=measured.retrieval, gate=decision),
             manifest.recorded_params(stage_run.params),
             measured.neighbours_vs_promoted,
-            promoted,
+            pointer,
         ),
     )
     _write_report(stage_run, distilled, report, measured.plots)
@@ -115,7 +116,7 @@ def _write_report(
         report,
         plots,
         [*stage_run.inputs, *distilled.inputs],
-        scoring.quality_results(store, lineage.partitions_read(store, distilled)),
+        scoring.quality_results(store, partitions.partitions_read(store, distilled)),
         run_header(store, distilled, stage_run.started_at),
         catalog.store_key(store, storage.join(prefix, "report.html")),
     )
