@@ -12,7 +12,7 @@ from typing import Any
 import pydantic
 from pydantic import TypeAdapter
 
-from tasks.core import catalog, manifest, storage
+from tasks.core import catalog, manifest, promoted, storage
 from tasks.core.catalog import Pointer, Stage
 from tasks.core.partitions import partitions_in
 
@@ -276,7 +276,8 @@ class _Walk:
         """A pointer's objects (each checked against the manifest that lists it) and the runs behind them."""
         store, uri = self.graph.store, catalog.pointer_uri(self.graph.store, pointer)
         if pointer is Pointer.INDEX:
-            index, _ = catalog.read_pointer(store, Pointer.INDEX)
+            current = promoted.index(store)
+            index = None if current is None else current.pointer
             named: tuple[Node, ...] = ()
             if index is not None:  # a segment table (no ``ids``), or one index and its id map from before
                 named = (
@@ -285,7 +286,7 @@ class _Walk:
                     else tuple(map(self.output, (index.index, index.ids)))
                 )
         else:
-            model, _ = catalog.read_pointer(store, Pointer.MODEL)
+            model = promoted.pointer(store)
             runs = () if model is None else (model.validation, catalog.distill_manifest_uri(store, model))
             named = tuple(self.run(run) for run in runs)
         if not named:

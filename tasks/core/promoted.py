@@ -80,10 +80,16 @@ def model_etag(store: str) -> str | None:
     return pointer_etag(store, Pointer.MODEL)
 
 
+def pointer(store: str) -> catalog.ModelPointer | None:
+    """The model pointer alone (no manifest is read): for what only follows what it names."""
+    found, _ = catalog.read_pointer(storage.to_uri(store), Pointer.MODEL)
+    return found
+
+
 def model_run(store: str) -> str | None:
     """The promoted model run's name, None while nothing is promoted (the pointer alone: no manifest is read)."""
-    pointer, _ = catalog.read_pointer(storage.to_uri(store), Pointer.MODEL)
-    return None if pointer is None else pointer.model_run
+    found = pointer(store)
+    return None if found is None else found.model_run
 
 
 def index(store: str) -> PromotedIndex | None:

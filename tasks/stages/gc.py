@@ -39,7 +39,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
 
-from tasks.core import catalog, manifest, staged_ids, storage
+from tasks.core import catalog, manifest, promoted, staged_ids, storage
 from tasks.core.catalog import Pointer, Stage
 from tasks.core.progress import format_bytes
 from tasks.stages.params import GCParams
@@ -135,20 +135,20 @@ def live_set(store: str, listed: list[storage.ListedObject]) -> set[str]:
     uris = {o.uri for o in listed}
     manifests_root = storage.join(store, "manifests") + "/"
     live = {uri for uri in uris if uri.startswith(manifests_root) and not storage.hidden(uri)}
-    named, promoted = pointed_at(store)
+    named, named_by = pointed_at(store)
     live |= named
     versions_root = catalog.manifest_versions_prefix(store) + "/"
     manifests = {uri for uri in live if uri.endswith(".json") and uri.startswith((manifests_root, versions_root))}
-    live |= _listed_by(store, manifests | set(promoted), promoted)
+    live |= _listed_by(store, manifests | set(named_by), named_by)
     live |= staged_ids.live(store)
     live |= live_checkpoints(store, uris)
     live |= {uri for uri in uris if _lock_target(uri) in uris}
     return live
 
 
-def _listed_by(store: str, manifests: set[str], promoted: dict[str, list[str]]) -> set[str]:
+def _listed_by(store: str, manifests: set[str], named_by: dict[str, list[str]]) -> set[str]:
     """What ``manifests`` list, followed through every kept manifest version one of them names; those of
-    ``promoted`` (manifest -> the pointers naming it) must exist."""
+    ``named_by`` (manifest -> the pointers naming it) must exist."""
     versions_root = catalog.manifest_versions_prefix(store) + "/"
     pending, read, live = list(manifests), set(), set()
     while pending:
@@ -156,7 +156,7 @@ def _listed_by(store: str, manifests: set[str], promoted: dict[str, list[str]]) 
         if uri in read or not (uri.startswith(versions_root) or uri in manifests):
             continue
         read.add(uri)
-        found = referenced(store, uri, promoted.get(uri, []))
+        found = referenced(store, uri, named_by.get(uri, []))
         live |= found
         pending += found - read
     return live
@@ -182,17 +182,17 @@ def referenced(store: str, uri: str, named_by: list[str] | None = None) -> set[s
 def pointed_at(store: str) -> tuple[set[str], dict[str, list[str]]]:
     """Both pointers and every object they name; and the manifests they name (each with the pointers naming it:
     the validation or build, and the distill run). :class:`catalog.PointerError` when one does not read."""
-    live, promoted = set(), dict[str, list[str]]()
+    live, named_by = set(), dict[str, list[str]]()
     for pointer in Pointer:
         uri = catalog.pointer_uri(store, pointer)
         live.add(uri)
-        value, _ = catalog.read_pointer(store, pointer)
+        value, _ = promoted.read(store, pointer)
         if value is not None:
             live |= {field for field in asdict(value).values() if isinstance(field, str) and "://" in field}
             run = value.validation if isinstance(value, catalog.ModelPointer) else value.manifest
             for named in (run, catalog.distill_manifest_uri(store, value)):
-                promoted.setdefault(named, []).append(uri)
-    return live, promoted
+                named_by.setdefault(named, []).append(uri)
+    return live, named_by
 
 
 def live_checkpoints(store: str, uris: set[str]) -> set[str]:
