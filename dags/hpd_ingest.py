@@ -3,8 +3,10 @@
 
 For the data interval's day `D`: wait (deferred, on the triggerer) until `source`, resolved for `D`
 (`{ingest_date}` in it becomes the date), holds raw files, failing after `arrival_timeout_h`; stage them
-into `sentences/ingest_date=D`, augment them (WordNet synonyms by default), encode every sentences shard
-with the teacher (one mapped task per group of shards, in the teacher-encoding pool), then announce the
+into `sentences/ingest_date=D`; then, for the teacher's bounded sample of the partition (`teacher_sample`
+rows, chosen from its content: what the PCA, retrains, drift and the quality checks read; the student indexes
+every row in `hpd_index`), augment it (WordNet synonyms by default) and encode it with the teacher (one mapped
+task per group of shards, in the teacher-encoding pool), then announce the
 partition: a partitioned `hpd_corpus_partition` event (key `D`; schedules `hpd_quality_report` on it)
 and an `hpd_corpus_updated` event (schedules `hpd_retrain`), both with the store, date, row counts and
 staging manifest. Every step is idempotent per partition, so
@@ -86,6 +88,9 @@ AUGMENT, ENCODE = "Augmentation", "Teacher encoding"
         "teacher": stage_param(
             EncodeTeacherParams, "teacher", DEFAULT_TEACHER, DEPLOYMENT, title="Teacher model(s)", section=ENCODE
         ),
+        "teacher_sample": stage_param(
+            EncodeTeacherParams, "teacher_sample", title="Teacher sample (rows per partition)", section=ENCODE
+        ),
         "dtype": stage_param(EncodeTeacherParams, "dtype", title="Embedding dtype", section=ENCODE),
         "shard_groups": Param(
             2, type="integer", minimum=1, description="mapped encode tasks", title="Encode tasks", section=ENCODE
@@ -108,7 +113,7 @@ def hpd_ingest():
 
         p = runtime.run_params(context)
         values = {"ingest_date": day, "methods": p["augment_methods"], "fraction": p["augment_fraction"]}
-        values.update(runtime.pick(p, "translate_forward", "translate_backward"))
+        values.update(runtime.pick(p, "translate_forward", "translate_backward", "teacher_sample"))
         runtime.run_stage(Stage.AUGMENT, runtime.stage_params(Stage.AUGMENT, values, p))
         return day
 
@@ -124,7 +129,7 @@ def hpd_ingest():
         from tasks.orchestration import runtime
 
         p = runtime.run_params(context)
-        values = {**runtime.pick(p, "teacher", "dtype"), "ingest_date": day, "shards": shards}
+        values = {**runtime.pick(p, "teacher", "dtype", "teacher_sample"), "ingest_date": day, "shards": shards}
         return runtime.run_stage(Stage.ENCODE_TEACHER, runtime.stage_params(Stage.ENCODE_TEACHER, values, p)).stats
 
     @task(outlets=[CORPUS_PARTITION, CORPUS_UPDATED])

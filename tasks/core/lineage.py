@@ -119,7 +119,8 @@ class Node:
     """One step of a lineage: a pointer, a stage run's manifest, an object in the store or a raw source
     outside it. ``sha256`` is the checksum its reader recorded (for a manifest read as an input: its
     fingerprint) and ``status`` whether it matched (``verified``) or, for a source gone, ``unavailable``.
-    A manifest already shown higher in the tree is ``seen``, with no children."""
+    A manifest already shown higher in the tree is ``seen``, with no children. ``note`` says what a run read of
+    its input where that is not all of it: the rows of a sentences shard the teacher encoded (its sample)."""
 
     kind: str
     uri: str
@@ -129,6 +130,7 @@ class Node:
     key: str | None = None
     seen: bool = False
     children: tuple[Node, ...] = ()
+    note: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "children": [child.to_dict() for child in self.children]}
@@ -171,7 +173,8 @@ class Lineage:
         checksum = ("fingerprint " if node.kind == "manifest" else "") + (node.sha256 or "")[:_SHORT]
         check = f"  {checksum} {node.status}" if node.status else ""
         if node.kind == "manifest":
-            return f"{node.stage} {node.key}{check}" + ("  (see above)" if node.seen else "")
+            note = f"  ({node.note})" if node.note else ""
+            return f"{node.stage} {node.key}{check}{note}" + ("  (see above)" if node.seen else "")
         name = catalog.store_key(self.store, node.uri) or node.uri
         gap = "  (no manifest lists it as an output)" if node.kind == "object" and not node.children else ""
         return f"{name}{check}{gap}"
@@ -217,7 +220,7 @@ class _Walk:
         seen, status = uri in self.expanded, None if fingerprint is None else VERIFIED
         self.expanded.add(uri)
         children = () if seen else tuple(self.input(i.uri, i.sha256, uri) for i in record.inputs)
-        return Node("manifest", uri, fingerprint, status, record.stage, record.key, seen, children)
+        return Node("manifest", uri, fingerprint, status, record.stage, record.key, seen, children, _sampled(record))
 
     def input(self, uri: str, sha256: str, reader: str) -> Node:
         """An object ``reader`` lists with ``sha256``, checked, and the run that produced it."""
@@ -316,6 +319,25 @@ def _segment_files(store: str, uri: str, sha256: str) -> list[manifest.Output]:
         return [manifest.Output.from_dict(record, store) for record in records]
     except (pydantic.ValidationError, KeyError, TypeError, storage.StorageError) as exc:
         raise LineageError(f"{uri}: not a segment table ({type(exc).__name__}: {' '.join(str(exc).split())})") from None
+
+
+class _TeacherSample(pydantic.BaseModel):
+    """What an encode_teacher run's stats say of the rows it encoded: its sample of the shard."""
+
+    rows: int
+    shard_rows: int | None = None
+
+
+def _sampled(record: manifest.Manifest) -> str | None:
+    """``the teacher saw N of M rows`` for an encode_teacher run of one shard (its sample); None otherwise."""
+    if Stage(record.stage) is not Stage.ENCODE_TEACHER:
+        return None
+    try:
+        sample = _TeacherSample.model_validate(record.stats)
+    except pydantic.ValidationError:
+        return None
+    of = f" of {sample.shard_rows}" if sample.shard_rows is not None else ""
+    return f"the teacher saw {sample.rows}{of} rows"
 
 
 def _target_uri(store: str, target: str) -> str:

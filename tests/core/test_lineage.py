@@ -56,6 +56,19 @@ def test_lineage_of_the_index_reaches_the_staged_partition_and_its_source(indexe
     assert tree.endswith(f"partitions: 2026-11-01\nsource: {raw} (verified)")
 
 
+def test_the_lineage_of_a_model_says_which_rows_the_teacher_saw(tmp_path):
+    """A model learns from the teacher's sample of each partition: its lineage names each sample's rows (25 of
+    the 40 staged here) beside the encode run of each shard, the shards' sentence ids in the teacher's shards."""
+    prepared = projected_store(tmp_path, corpus_lines(40), DAY1, shard_rows=20, teacher_sample=25)
+    distill_tiny(prepared, "sampled", max_steps=1)
+    traced = lineage.trace(prepared["store"], "sampled")
+    notes = [n.note for n in traced.root.walk() if n.stage == "encode_teacher" and not n.seen]
+    seen = [int(re.fullmatch(r"the teacher saw (\d+) of 20 rows", note).group(1)) for note in notes]
+    assert len(seen) == 2 and sum(seen) == 25
+    assert all(f"({note})" in traced.render() for note in notes)
+    assert traced.to_dict()["root"]["note"] is None  # a distill run's node: nothing to say of its inputs
+
+
 @pytest.mark.parametrize(
     ("target", "first"),
     [

@@ -23,9 +23,11 @@ def corpus_lines(count: int) -> list[str]:
         return [next(f).rstrip("\n").split("\t", 1)[1] for _ in range(count)]
 
 
-def projected_store(root: Path, lines: list[str], day: date, shard_rows: int) -> dict[str, str]:
-    """Stage ``lines`` as partition ``day``, encode them with a tiny teacher (48-d) and fit the PCA to 8 dims.
-    Returns the store URI and the tiny teacher and student (32-d) model folders."""
+def projected_store(
+    root: Path, lines: list[str], day: date, shard_rows: int, teacher_sample: int = 0
+) -> dict[str, str]:
+    """Stage ``lines`` as partition ``day``, encode them (every row, or a ``teacher_sample``) with a tiny teacher
+    (48-d) and fit the PCA to 8 dims. Returns the store URI and the tiny teacher and student (32-d) model folders."""
     (root / "raw.txt").write_text("\n".join(lines))
     teacher = str(build_sentence_model(root / "teacher", hidden=48, seed=1))
     student = str(build_sentence_model(root / "student", hidden=32, seed=2))
@@ -36,9 +38,8 @@ def projected_store(root: Path, lines: list[str], day: date, shard_rows: int) ->
             {"store": store, "source": str(root / "raw.txt"), "ingest_date": day, "shard_rows": shard_rows},
         )
     )
-    encode_teacher.run(
-        config.parse(encode_teacher.EncodeTeacherParams, {"store": store, "teacher": teacher, "ingest_date": day})
-    )
+    encoded = {"store": store, "teacher": teacher, "ingest_date": day, "teacher_sample": teacher_sample}
+    encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams, encoded))
     fit_pca.run(config.parse(fit_pca.FitPCAParams, {"store": store, "teacher": teacher, "k": 8}))
     return {"store": store, "teacher": teacher, "student": student}
 
