@@ -1,5 +1,6 @@
 """The drift stage with tiny models: a partition of unrelated, shuffled text is flagged against the promoted
-model's training data, a disjoint sample of the same corpus is not; profiles are made once and verified."""
+model's training data, a disjoint sample of the same corpus is not; profiles are made once and verified. Every
+partition is profiled from the teacher's sample of it (SAMPLE of its ROWS rows), as the pipeline encodes it."""
 
 import logging
 import random
@@ -17,6 +18,7 @@ pytestmark = pytest.mark.models
 
 TRAINED, SAME, SHUFFLED, RANDOM = date(2026, 11, 1), date(2026, 11, 2), date(2026, 11, 3), date(2026, 11, 4)
 ROWS = 400
+SAMPLE = 200  # the teacher's sample of each partition: what drift is computed from
 
 
 def _shuffled_text(rows: int) -> list[str]:
@@ -39,7 +41,7 @@ def _add_partition(prepared: dict[str, str], lines: list[str], day: date) -> Non
     source.write_text("\n".join(lines))
     values = {"store": prepared["store"], "source": str(source), "ingest_date": day}
     stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, values))
-    values = {"store": prepared["store"], "teacher": prepared["teacher"], "ingest_date": day}
+    values = {"store": prepared["store"], "teacher": prepared["teacher"], "ingest_date": day, "teacher_sample": SAMPLE}
     encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams, values))
 
 
@@ -49,7 +51,7 @@ def prepared(tmp_path_factory):
     word-shuffled unrelated text and random strings staged and encoded as three new partitions."""
     root = tmp_path_factory.mktemp("drift")
     lines = corpus_lines(2 * ROWS)
-    prepared = {**projected_store(root, lines[:ROWS], TRAINED, shard_rows=200), "root": root}
+    prepared = {**projected_store(root, lines[:ROWS], TRAINED, shard_rows=200, teacher_sample=SAMPLE), "root": root}
     distill_tiny(prepared, "trained", max_steps=2)
     validation = catalog.manifest_uri(prepared["store"], Stage.VALIDATE, "trained")
     catalog.move_pointer(prepared["store"], catalog.ModelPointer("trained", {}, validation), None)
@@ -72,7 +74,7 @@ def test_unrelated_text_is_flagged_and_a_same_distribution_sample_is_not(prepare
     assert same["reference_partitions"] == [TRAINED.isoformat()]
     assert not same["flagged"] and other["flagged"]
     assert same["score"] < same["threshold"] <= other["score"]
-    assert other["score"] > 2 * same["score"]
+    assert other["score"] > 1.8 * same["score"]  # from samples of half the rows: a noisier vocabulary than all rows
     assert other["components"]["vocabulary"] > same["components"]["vocabulary"]
     assert any("DRIFT" in m and unrelated.isoformat() in m for m in caplog.messages)
 
@@ -93,7 +95,7 @@ def test_profiles_are_published_once_and_the_comparison_skips_when_nothing_chang
     assert _drift(prepared, SAME).skipped
     key = catalog.profile_key(prepared["teacher"], PCA_NAME, SAME)
     profiled = manifest.read(prepared["store"], Stage.PROFILE, key)
-    assert profiled.stats["rows"] == ROWS and 0 < profiled.stats["explained_variance_ratio"] <= 1
+    assert profiled.stats["rows"] == SAMPLE and 0 < profiled.stats["explained_variance_ratio"] <= 1
     assert {i.uri for i in first.manifest.inputs} >= {o.uri for o in profiled.outputs}
     assert storage.exists(first.outputs[0].uri)
 
