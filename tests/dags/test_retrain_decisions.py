@@ -40,8 +40,8 @@ def _airflow(args: list[str], env: dict[str, str]) -> str:
     return done.stdout
 
 
-def _decide(prepared: dict, day: str, **params) -> str:
-    """The ``decide`` task of a new ``hpd_retrain`` run for ``day`` with ``params``: its log line."""
+def _plan(prepared: dict, day: str, **params) -> str:
+    """The ``plan`` task of a new ``hpd_retrain`` run for ``day`` with ``params``: its log line."""
     conf = {"store": prepared["store"], "teacher": prepared["teacher"], **params}
     out = _airflow(["tasks", "test", "hpd_retrain", "plan", day, "-t", json.dumps(conf)], prepared["env"])
     (line,) = [line for line in out.splitlines() if "retraining" in line and "tasks.orchestration.runtime" in line]
@@ -58,8 +58,8 @@ def test_a_run_not_worth_training_ends_green_training_nothing(prepared):
 
 
 def test_forced_volume_and_drift_runs_train_and_say_why(prepared):
-    assert "retraining (forced): forced by the run's params (force=True" in _decide(prepared, "2026-11-11", force=True)
-    volume = _decide(prepared, "2026-11-12", retrain_fraction=0.1)
+    assert "retraining (forced): forced by the run's params (force=True" in _plan(prepared, "2026-11-11", force=True)
+    volume = _plan(prepared, "2026-11-12", retrain_fraction=0.1)
     assert "retraining (volume): 12 new rows" in volume and "at least retrain_fraction 10.0%" in volume
     drift.run(config.parse(drift.DriftParams, {"store": prepared["store"], "ingest_date": NEW, "threshold": 1e-6}))
-    assert f"retraining (drift): drift flagged on {NEW.isoformat()}" in _decide(prepared, "2026-11-13")
+    assert f"retraining (drift): drift flagged on {NEW.isoformat()}" in _plan(prepared, "2026-11-13")
