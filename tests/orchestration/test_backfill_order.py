@@ -1,6 +1,7 @@
 """Backfill: three past days staged in any order, one of them staged again, give the same training set, the same
 promoted model and the same index as the days staged in date order (a backfill's retrain starts from the base model
-and learns what the store holds, not what an earlier model learned)."""
+and learns what the store holds, not what an earlier model learned). The teacher encodes its sample of each day
+(SAMPLE of its 30 rows), the student indexes every row."""
 
 from datetime import date, timedelta
 from pathlib import Path
@@ -18,6 +19,7 @@ pytestmark = pytest.mark.models
 
 DAYS = [date(2026, 10, 1) + timedelta(days=n) for n in range(3)]
 QUERIES = ["a film about love", "the market fell", "a man is playing a guitar"]
+SAMPLE = 12  # the teacher's sample of each day's 30 rows
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +48,7 @@ def _staged_in(root: Path, order: list[int], models: dict[str, str]) -> dict:
         source = _raw(root, day, lines[30 * position : 30 * (position + 1)])
         values = {"store": store, "source": source, "ingest_date": day, "shard_rows": 20}
         stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, values))
-        values = {"store": store, "teacher": models["teacher"], "ingest_date": day}
+        values = {"store": store, "teacher": models["teacher"], "ingest_date": day, "teacher_sample": SAMPLE}
         encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams, values))
     days = day_plan.training_partitions(store, models["teacher"], 10_000, after_promoted=False)
     values = {"store": store, "teacher": models["teacher"], "k": 8, "partitions": days, "name": "k8-backfill"}
@@ -68,4 +70,5 @@ def test_days_staged_out_of_order_and_again_give_the_same_model_and_index(tmp_pa
     in_order = _staged_in(tmp_path / "in-order", [0, 1, 2], models)
     shuffled = _staged_in(tmp_path / "shuffled", [2, 0, 1, 0], models)  # the last: day 0 staged again
     assert in_order["days"] == DAYS
+    assert len(in_order["index"]) == 90  # every staged row searchable, though the teacher saw 3 x SAMPLE
     assert shuffled == in_order

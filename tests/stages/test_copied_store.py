@@ -50,7 +50,7 @@ def _corpus(prepared: dict[str, str], store: str, **changed: Any) -> manifest.St
 
 
 def _encode(prepared: dict[str, str], store: str) -> manifest.StageResult:
-    values = {"store": store, "teacher": prepared["teacher"], "ingest_date": DAY}
+    values = {"store": store, "teacher": prepared["teacher"], "ingest_date": DAY, "teacher_sample": 0}  # as encoded
     return encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams, values))
 
 
