@@ -115,7 +115,8 @@ class DayPlan(Record):
         """One line for the log: the decision, then what a retrain learns from and where it starts."""
         if not self.decision.retrain:
             return f"not retraining: {self.decision.explanation}"
-        start = f"warm-started from {self.warm_start}, its PCA basis kept" if self.warm_start else "from the base model"
+        basis = "its PCA basis kept" if self.pca_basis else "a PCA fitted"
+        start = f"warm-started from {self.warm_start}, {basis}" if self.warm_start else "from the base model"
         days = ", ".join(day.isoformat() for day in self.partitions)
         return (
             f"retraining ({self.decision.reason}): {self.decision.explanation}; model run {self.model_run} learns "
@@ -146,7 +147,8 @@ def plan(store: str, params: RetrainParams, run_name: str, backfill: bool = Fals
 
 def _decision(store: str, params: RetrainParams, backfill: bool) -> Decision:
     if params.force or params.partitions:
-        return forced(f"forced by the run's params (force={params.force}, partitions={params.partitions})")
+        named = None if params.partitions is None else _days(params.partitions)
+        return forced(f"forced by the run's params (force={params.force}, partitions={named})")
     if backfill:
         return forced("a backfill run")
     return decide(store, params.teacher, Policy(params.retrain_fraction, params.max_model_age_days))
