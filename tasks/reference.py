@@ -28,6 +28,7 @@ INTRO = (
     "A wrong value fails with a message naming the variable. The DAG defaults are read when the DAG files are "
     "parsed: set them on the scheduler and the DAG processor as well as on the workers."
 )
+_CODE_SPAN = re.compile(r"(`[^`]*`)")
 _TYPE_NAMES = {"fromisoformat": "date", "_positive_seconds": "seconds", "_run_name": "run name"}
 
 
@@ -41,7 +42,10 @@ def _header(title: str, source: str) -> list[str]:
 
 
 def _cell(text: object) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """``text`` on one line, a table cell: a pipe outside a code span escaped, one inside left as it is (the tables
+    extension does not split a row inside a code span, and there ``\\|`` would render literally: `str \\| None`)."""
+    parts = _CODE_SPAN.split(" ".join(str(text).split()))
+    return "".join(part if index % 2 else part.replace("|", "\\|") for index, part in enumerate(parts))
 
 
 def _subparsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
