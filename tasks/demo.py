@@ -4,25 +4,39 @@
 ``hpd_index`` and ``hpd_quality_report`` in turn against one store, with SQLite metadata in its own
 ``AIRFLOW_HOME``; then the promoted model, its validation report and the index are looked up in the store.
 A rerun skips every stage whose manifest matches, as a backfill would.
+
+Each run's output streams as it comes, filtered to what a user follows (:class:`RunView`): the stages' progress
+and summary lines, which task started and how it ended, errors, and a heartbeat when a stretch stays quiet.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import queue
+import re
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from tasks.core import manifest, promoted
+from tasks.core.progress import EVERY_S_ENV, format_duration
 
 # The demo runs from a checkout: its DAG folder and the vendored corpus, relative to the working directory.
 DAGS_FOLDER = Path("dags")
 SAMPLE = Path("data/corpus/sentences.tsv.gz")
+# The stages' progress lines in the demo's runs (unless $HPD_LOG_EVERY_S says otherwise), and the longest quiet
+# stretch before the demo says it is still running: a line at least every 30 s.
+PROGRESS_EVERY_S = "10"
+HEARTBEAT_S = 25.0
+TAIL_LINES = 2000  # of a run's output, kept for the error when it fails
 
 
 class DemoError(RuntimeError):
@@ -46,13 +60,13 @@ class DemoPlan:
     teacher_dtype: str = "auto"  # bf16 where the hardware runs it natively, else fp32 (tasks.ml.precision)
     amp: str = "auto"
     model_name: str = "demo-student"
-    extra_conf: dict[str, dict] = field(default_factory=dict)
+    extra_conf: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def confs(self) -> dict[str, dict]:
+    def confs(self) -> dict[str, dict[str, Any]]:
         """Each DAG's run conf, in the order they run."""
         models = {key: value for key, value in (("teacher", self.teacher), ("student", self.student)) if value}
         teacher = {"teacher": self.teacher} if self.teacher else {}
-        confs = {
+        confs: dict[str, dict[str, Any]] = {
             "hpd_ingest": {
                 "store": self.store,
                 "source": str(self.source),
@@ -90,6 +104,7 @@ class DemoPlan:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
             "AIRFLOW__OPENLINEAGE__EXTRACTORS": openlineage.EXTRACTOR,
             "HPD_STORE": self.store,
+            EVERY_S_ENV: os.environ.get(EVERY_S_ENV, PROGRESS_EVERY_S),
             "HF_HUB_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
         }
@@ -103,22 +118,135 @@ class DemoPlan:
         env = self.airflow_env()
         self.airflow_home.mkdir(parents=True, exist_ok=True)
         start = time.perf_counter()
-        _airflow(["db", "migrate"], env)
+        _airflow(["db", "migrate"], env, "db migrate", echo)
         walls = {"airflow db migrate": round(time.perf_counter() - start, 2)}
         for dag_id, conf in self.confs().items():
             echo(f"airflow dags test {dag_id} {self.day} ...", flush=True)
             start = time.perf_counter()
-            _airflow(["dags", "test", dag_id, self.day.isoformat(), "--conf", json.dumps(conf)], env)
+            _airflow(["dags", "test", dag_id, self.day.isoformat(), "--conf", json.dumps(conf)], env, dag_id, echo)
             walls[dag_id] = round(time.perf_counter() - start, 2)
             echo(f"  done in {walls[dag_id]:.0f} s", flush=True)
         return walls
 
 
-def _airflow(args: list[str], env: dict[str, str]) -> None:
-    command = [str(Path(sys.executable).parent / "airflow"), *args]
-    done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    if done.returncode:
-        raise DemoError(f"`airflow {' '.join(args[:3])}` failed (exit {done.returncode}):\n{done.stdout[-4000:]}")
+def _airflow(args: list[str], env: Mapping[str, str], label: str, echo: Callable[..., None]) -> None:
+    stream([str(Path(sys.executable).parent / "airflow"), *args], env, label, echo)
+
+
+def stream(
+    command: list[str],
+    env: Mapping[str, str],
+    label: str,
+    echo: Callable[..., None] = print,
+    heartbeat_s: float = HEARTBEAT_S,
+) -> None:
+    """Run ``command``, echoing the lines of its output that :class:`RunView` keeps as they come, and a heartbeat
+    after ``heartbeat_s`` seconds without one; a failure raises :class:`DemoError` with the end of the output."""
+    view, tail = RunView(label), deque[str](maxlen=TAIL_LINES)
+    with subprocess.Popen(
+        command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    ) as process:
+        assert process.stdout is not None
+        lines = _pump(process.stdout)
+        shown_at = time.monotonic()
+        while (line := _next(lines, shown_at + heartbeat_s - time.monotonic())) != "":
+            if line is not None:
+                tail.append(line)
+            shown = view.heartbeat() if line is None else view.shown(line)
+            if shown is not None:
+                echo(shown, flush=True)
+                shown_at = time.monotonic()
+    if process.returncode:
+        name = " ".join([Path(command[0]).name, *command[1:4]])
+        raise DemoError(f"`{name}` failed (exit {process.returncode}):\n{''.join(tail)[-4000:]}")
+
+
+def _pump(pipe: Iterable[str]) -> queue.Queue[str]:
+    """The pipe's lines as a reader thread reads them, then ``""`` at its end."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in pipe:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def _next(lines: queue.Queue[str], timeout: float) -> str | None:
+    """The next line (``""``: the end of the output), or None when none came within ``timeout`` seconds."""
+    try:
+        return lines.get(timeout=max(timeout, 0.0))
+    except queue.Empty:
+        return None
+
+
+class _Record(NamedTuple):
+    """One line of Airflow's console log, ``<time> [<level>] <event> [<logger>] key=value ...``."""
+
+    level: str
+    event: str
+    logger: str
+    extra: str
+
+
+# What structlog's console renderer writes for Airflow's CLI (its colour codes stripped first), and the lines of
+# `airflow dags test` (airflow.sdk.definitions.dag) and of its execution API that tell a task's state.
+_RECORD = re.compile(r"^\S+ \[(\w+)\s*\] (.*?)\s+\[([\w.\-]+)\]((?: \S+=.*)?)$")
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+DAG_TEST_LOGGER = "airflow.sdk.definitions.dag"
+_TASK_START = re.compile(r"\[DAG TEST\] starting task_id=(\S+)")
+_TASK_END = re.compile(r"\[DAG TEST\] end task task_id=(\S+)")
+_STATE_UPDATED = "Task instance state updated"
+_NEW_STATE = re.compile(r"\bnew_state=(?:<\w+\.)?(\w+)")
+
+
+@dataclass
+class RunView:
+    """What the demo shows of a run's output: the ``tasks.*`` loggers' lines (the stages' progress and summaries),
+    each task's start and end, errors; each line led by the run's label and the time since it started."""
+
+    label: str
+    clock: Callable[[], float] = time.monotonic
+    task: str | None = None  # the task running now
+    _start: float = field(init=False)
+    _task_start: float = field(init=False, default=0.0)
+    _state: str | None = field(init=False, default=None)  # the running task's last state
+
+    def __post_init__(self) -> None:
+        self._start = self.clock()
+
+    def shown(self, line: str) -> str | None:
+        """The line as the demo prints it; None for the rest (Airflow's chatter, a traceback's lines)."""
+        record = _RECORD.match(_COLOUR.sub("", line.rstrip()))
+        message = self._message(_Record(*record.groups())) if record else None
+        return None if message is None else self._led(message)
+
+    def heartbeat(self) -> str:
+        """The line for a quiet stretch: still running, in which task since when."""
+        running = f": task {self.task} for {format_duration(self.clock() - self._task_start)}" if self.task else ""
+        return self._led(f"still running{running}")
+
+    def _led(self, message: str) -> str:
+        return f"  [{self.label} {format_duration(self.clock() - self._start)}] {message}"
+
+    def _message(self, record: _Record) -> str | None:
+        if record.logger == DAG_TEST_LOGGER and (started := _TASK_START.match(record.event)):
+            self.task, self._task_start, self._state = started.group(1), self.clock(), None
+            return f"task {self.task} started"
+        if record.logger == DAG_TEST_LOGGER and (ended := _TASK_END.match(record.event)):
+            took = format_duration(self.clock() - self._task_start)
+            outcome, self.task, self._state = self._state or "ended", None, None
+            return f"task {ended.group(1)} {outcome} in {took}"
+        if record.event == _STATE_UPDATED and (state := _NEW_STATE.search(record.extra)):
+            self._state = state.group(1).lower()
+            return None
+        if record.logger.startswith("tasks."):
+            return record.event if record.level == "info" else f"{record.level}: {record.event}"
+        if record.level in ("error", "critical"):
+            return f"{record.level}: {record.event}" + (f" (task {self.task})" if self.task else "")
+        return None
 
 
 def locations(store: str) -> dict[str, str]:
