@@ -200,6 +200,10 @@ _TASK_START = re.compile(r"\[DAG TEST\] starting task_id=(\S+)")
 _TASK_END = re.compile(r"\[DAG TEST\] end task task_id=(\S+)")
 _STATE_UPDATED = "Task instance state updated"
 _NEW_STATE = re.compile(r"\bnew_state=(?:<\w+\.)?(\w+)")
+# Of a stage run's bookkeeping (``<stage> <key>: ...`` from tasks.core.manifest), only why it runs or skips and what
+# it published: not its inputs, outputs, params and phases one by one.
+MANIFEST_LOGGER = "tasks.core.manifest"
+_RUN_OUTCOME = re.compile(r"^\S+ \S+: (?:running|skipped|published)\b")
 
 
 @dataclass
@@ -242,8 +246,10 @@ class RunView:
         if record.event == _STATE_UPDATED and (state := _NEW_STATE.search(record.extra)):
             self._state = state.group(1).lower()
             return None
+        if record.logger.startswith("tasks.") and record.level != "info":
+            return f"{record.level}: {record.event}"
         if record.logger.startswith("tasks."):
-            return record.event if record.level == "info" else f"{record.level}: {record.event}"
+            return record.event if record.logger != MANIFEST_LOGGER or _RUN_OUTCOME.match(record.event) else None
         if record.level in ("error", "critical"):
             return f"{record.level}: {record.event}" + (f" (task {self.task})" if self.task else "")
         return None

@@ -12,6 +12,7 @@ from tasks.core.progress import EVERY_S_ENV
 DAG = "airflow.sdk.definitions.dag"
 API = "airflow.api_fastapi.execution_api.routes.task_instances"
 STAGE = "tasks.stages.distill.stage"
+MANIFEST = "tasks.core.manifest"
 
 
 def _rendered(level: str, event: str, logger: str, extra: str = "") -> str:
@@ -33,7 +34,13 @@ OUTPUT = [
     _rendered("info", "[DAG TEST] starting task_id=distill map_index=-1", DAG, "loc=dag.py:1501"),
     _rendered("info", "[DAG TEST] running task <TaskInstance: hpd_retrain.distill manual__2026 [scheduled]>", DAG),
     _rendered("info", "Task instance is in running state", "task", "loc=task_runner.py:1000"),
+    _rendered("info", "distill demo-student: started run 1f2e in file:///s; inputs: 5 object(s)", MANIFEST),
+    _rendered("info", "distill demo-student: input file:///s/sentences/part-0.parquet (80 rows)", MANIFEST),
+    _rendered("info", 'distill demo-student: params k=128, name="demo-student"', MANIFEST),
+    _rendered("info", "distill demo-student: running: no manifest at file:///s/manifests/distill.json", MANIFEST),
     _rendered("info", PROGRESS, "tasks.core.progress", "loc=progress.py:110"),
+    _rendered("info", "distill demo-student: phase train took 2m01s", MANIFEST),
+    _rendered("info", "distill demo-student: published 12 object(s), then the manifest", MANIFEST),
     COLOURED,
     _rendered("info", "Pushing xcom", "task", "loc=task_runner.py:2280 ti=TI(x)"),
     _rendered(
@@ -52,7 +59,9 @@ OUTPUT = [
 
 KEPT = [
     "  [hpd_retrain 3.0s] task distill started",
+    "  [hpd_retrain 3.0s] distill demo-student: running: no manifest at file:///s/manifests/distill.json",
     f"  [hpd_retrain 3.0s] {PROGRESS}",
+    "  [hpd_retrain 3.0s] distill demo-student: published 12 object(s), then the manifest",
     "  [hpd_retrain 3.0s] warning: distill: a short epoch",
     "  [hpd_retrain 3.0s] task distill success in 0.0s",
     "  [hpd_retrain 3.0s] task validate started",
@@ -74,7 +83,7 @@ def test_the_heartbeat_names_the_running_task():
     view = demo.RunView("hpd_retrain", clock=lambda: now[0])
     now[0] = 20.0
     assert view.heartbeat() == "  [hpd_retrain 20s] still running"
-    view.shown(OUTPUT[2])  # distill starts
+    assert view.shown(OUTPUT[2]) == "  [hpd_retrain 20s] task distill started"
     now[0] = 150.0
     assert view.heartbeat() == "  [hpd_retrain 2m30s] still running: task distill for 2m10s"
 
