@@ -144,7 +144,12 @@ def stream(
     after ``heartbeat_s`` seconds without one; a failure raises :class:`DemoError` with the end of the output."""
     view, tail = RunView(label), deque[str](maxlen=TAIL_LINES)
     with subprocess.Popen(
-        command, env={**env, "PYTHONUNBUFFERED": "1"}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        env={**env, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        encoding="utf-8",
+        errors="replace",
     ) as process:
         assert process.stdout is not None
         lines = _pump(process.stdout)
@@ -166,9 +171,11 @@ def _pump(pipe: Iterable[str]) -> queue.Queue[str]:
     lines: queue.Queue[str] = queue.Queue()
 
     def read() -> None:
-        for line in pipe:
-            lines.put(line)
-        lines.put("")
+        try:
+            for line in pipe:
+                lines.put(line)
+        finally:
+            lines.put("")
 
     threading.Thread(target=read, daemon=True).start()
     return lines
@@ -213,7 +220,7 @@ class RunView:
 
     label: str
     clock: Callable[[], float] = time.monotonic
-    task: str | None = None  # the task running now
+    task: str | None = field(init=False, default=None)  # the task running now
     _start: float = field(init=False)
     _task_start: float = field(init=False, default=0.0)
     _state: str | None = field(init=False, default=None)  # the running task's last state

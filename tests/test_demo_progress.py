@@ -140,10 +140,13 @@ def test_a_failure_holds_the_end_of_the_output():
         import sys
         for n in range(3000):
             print(f"noise {n}")
+        sys.stdout.flush()
+        sys.stdout.buffer.write(b"not UTF-8: \\xff\\n")
         print("the last words")
         sys.exit(2)
     """
-    with pytest.raises(demo.DemoError, match=r"(?s)failed \(exit 2\):\n.*noise 2999\nthe last words\n$") as failed:
+    ending = r"(?s)failed \(exit 2\):\n.*noise 2999\nnot UTF-8: \ufffd\nthe last words\n$"
+    with pytest.raises(demo.DemoError, match=ending) as failed:
         demo.stream(_python(code), {}, "hpd_index", lambda *a, **k: None)
     assert len(str(failed.value)) < 4200
 
