@@ -12,8 +12,8 @@ umask 077
 cat > "$env_file" <<END
 # Secrets of docker/compose.yaml, written by docker/make-env.sh. Keep this file out of version control.
 POSTGRES_PASSWORD=$(secret)
-MINIO_ROOT_USER=hpd-$(openssl rand -hex 4)
-MINIO_ROOT_PASSWORD=$(secret)
+S3_ACCESS_KEY_ID=hpd-$(openssl rand -hex 4)
+S3_SECRET_ACCESS_KEY=$(secret)
 AIRFLOW_FERNET_KEY=$(openssl rand -base64 32 | tr '+/' '-_')
 AIRFLOW_JWT_SECRET=$(secret)
 AIRFLOW_API_SECRET_KEY=$(secret)

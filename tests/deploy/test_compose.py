@@ -1,7 +1,8 @@
-"""docker/compose.yaml starts: each service's effective command (entrypoint and command, through the Airflow image's
-entrypoint) is the program it should run, every long-running service has a health check, every image is built or
-pinned, and every secret is required. Checked on `docker compose config`'s rendering: no container runtime runs
-here."""
+"""docker/compose.yaml starts and runs a first day: each service's effective command (entrypoint and command, through
+the Airflow image's entrypoint) is the program it should run, every long-running service has a health check, every
+image is built or pinned, every secret is required, the default source of hpd_ingest holds the sample days, and only
+the GPU worker's image installs the CUDA build of torch. Checked on `docker compose config`'s rendering and the
+Dockerfile: no container runtime runs here."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import shlex
 import subprocess
 import sys
 import tomllib
+from datetime import date
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -19,10 +21,14 @@ from tests.support.paths import REPO as ROOT
 
 COMPOSE = ROOT / "docker" / "compose.yaml"
 DOCKER = ROOT / "docker"
+DOCKERFILE = DOCKER / "airflow.Dockerfile"
+CPU_INDEX = "https://download.pytorch.org/whl/cpu"  # PyTorch's index of its CPU builds
+PYPI = "https://pypi.org/simple"  # torch's Linux wheel there is the CUDA build
+SAMPLES = ROOT / "data" / "samples"
 SECRETS = (
     "POSTGRES_PASSWORD",
-    "MINIO_ROOT_USER",
-    "MINIO_ROOT_PASSWORD",
+    "S3_ACCESS_KEY_ID",
+    "S3_SECRET_ACCESS_KEY",
     "AIRFLOW_FERNET_KEY",
     "AIRFLOW_JWT_SECRET",
     "AIRFLOW_API_SECRET_KEY",
@@ -33,7 +39,7 @@ AIRFLOW_SERVICES = ("airflow-init", "api-server", "scheduler", "dag-processor", 
 LONG_RUNNING = (
     "postgres",
     "redis",
-    "minio",
+    "s3",
     "api-server",
     "scheduler",
     "dag-processor",
@@ -42,7 +48,7 @@ LONG_RUNNING = (
     "worker-gpu",
     "search",
 )
-ONE_SHOT = ("minio-init", "airflow-init")
+ONE_SHOT = ("s3-init", "airflow-init")
 VERSION = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
 
 
@@ -78,7 +84,7 @@ def effective(service: dict) -> list[str]:
     entrypoint = service.get("entrypoint")
     command = _unescape(service.get("command") or [])
     if entrypoint is None and service["image"].startswith("hpd-pipeline/"):
-        entrypoint = _image_entrypoint(DOCKER / "airflow.Dockerfile")
+        entrypoint = _image_entrypoint(DOCKERFILE)
     entrypoint = _unescape(entrypoint or [])
     if not entrypoint or entrypoint[-1] != "/entrypoint":
         return entrypoint + command
@@ -91,8 +97,18 @@ def effective(service: dict) -> list[str]:
 
 
 def _init_steps(service: dict) -> list[list[str]]:
-    """The `&&`-joined steps of a one-shot job's `bash -c` script, each split as the shell would."""
+    """The `&&`-joined steps of a one-shot job's `sh -c` script, each split as the shell would."""
     return [shlex.split(step) for step in effective(service)[2].split("&&")]
+
+
+def _aws(operation: str, bucket: str) -> list[str]:
+    return ["aws", "s3api", operation, "--bucket", bucket]
+
+
+def _port(service: dict) -> int:
+    """The container port ``service`` publishes (its only one)."""
+    (port,) = service["ports"]
+    return int(port["target"])
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +169,8 @@ def test_every_service_runs_the_program_it_should(services, airflow_cli):
     args = cli.build_parser().parse_args(argv["search"][3:])
     assert (args.command, args.host) == ("serve", "0.0.0.0")
     assert [port["target"] for port in services["search"]["ports"]] == [args.port]
-    assert argv["minio"][0] == "server" and argv["minio-init"][:2] == ["/bin/sh", "-c"]
+    assert argv["s3"][:2] == ["/usr/bin/weed", "mini"] and "-dir=/data" in argv["s3"]
+    assert argv["s3-init"][:2] == ["/bin/sh", "-c"]
     assert argv["airflow-init"][:2] == ["/bin/bash", "-c"]
     assert argv["postgres"] == [] and argv["redis"][0] == "redis-server"  # the images' own entrypoints
     assert all(_parses(airflow_cli, words) for words in argv.values() if words[:1] == ["airflow"])
@@ -161,8 +178,8 @@ def test_every_service_runs_the_program_it_should(services, airflow_cli):
 
 def test_the_init_jobs_migrate_create_the_pool_the_login_and_the_bucket(services, airflow_cli):
     """airflow-init migrates, creates the encoding pool and writes the admin's password file where the api-server's
-    SimpleAuthManager reads it (a volume both mount); minio-init creates and versions the bucket of the store and
-    the remote logs."""
+    SimpleAuthManager reads it (a volume both mount); s3-init creates and versions the bucket of the store and
+    the remote logs, with the account the S3 server is started with and the pipeline's connection uses."""
     from tasks.orchestration.defaults import ENCODE_POOL
 
     steps = _init_steps(services["airflow-init"])
@@ -180,12 +197,17 @@ def test_the_init_jobs_migrate_create_the_pool_the_login_and_the_bucket(services
 
     bucket = urlparse(env["HPD_STORE"]).netloc
     assert urlparse(env["AIRFLOW__LOGGING__REMOTE_BASE_LOG_FOLDER"]).netloc == bucket
-    script = effective(services["minio-init"])[2]
-    assert f"mc mb --ignore-existing hpd/{bucket}" in script and f"mc version enable hpd/{bucket}" in script
-    assert '"${MINIO_ROOT_USER}" "${MINIO_ROOT_PASSWORD}"' in script  # the container's variables, not blanks
+    steps = _init_steps(services["s3-init"])
+    assert steps[0] == ["aws", "s3api", "head-bucket", "--bucket", bucket, "||"] + _aws("create-bucket", bucket)
+    assert steps[1] == _aws("put-bucket-versioning", bucket) + ["--versioning-configuration", "Status=Enabled"]
     connection = json.loads(env["AIRFLOW_CONN_HPD_S3"])
-    assert (connection["login"], connection["password"]) == (ENV["MINIO_ROOT_USER"], ENV["MINIO_ROOT_PASSWORD"])
-    assert urlparse(connection["extra"]["endpoint_url"]).hostname == "minio"
+    keys = (ENV["S3_ACCESS_KEY_ID"], ENV["S3_SECRET_ACCESS_KEY"])
+    assert (connection["login"], connection["password"]) == keys
+    for name in ("s3", "s3-init"):
+        s3_env = services[name]["environment"]
+        assert (s3_env["AWS_ACCESS_KEY_ID"], s3_env["AWS_SECRET_ACCESS_KEY"]) == keys, name
+    for endpoint in (connection["extra"]["endpoint_url"], services["s3-init"]["environment"]["AWS_ENDPOINT_URL"]):
+        assert urlparse(endpoint).hostname == "s3" and urlparse(endpoint).port == _port(services["s3"])
 
 
 def test_every_long_running_service_has_a_health_check(services, airflow_cli):
@@ -200,7 +222,8 @@ def test_every_long_running_service_has_a_health_check(services, airflow_cli):
     tests = {name: _unescape(services[name]["healthcheck"]["test"]) for name in LONG_RUNNING}
     assert tests["api-server"][-1] == "http://localhost:8080/api/v2/monitor/health"
     assert tests["search"][-1] == "http://localhost:8765/health"
-    assert tests["postgres"][1] == "pg_isready" and tests["minio"][1:] == ["mc", "ready", "local"]
+    assert tests["postgres"][1] == "pg_isready"
+    assert tests["s3"][1:] == ["wget", "-q", "-O", "/dev/null", f"http://127.0.0.1:{_port(services['s3'])}/healthz"]
     jobs = {"scheduler": "SchedulerJob", "dag-processor": "DagProcessorJob", "triggerer": "TriggererJob"}
     for name, job in jobs.items():
         assert tests[name] == ["CMD", "airflow", "jobs", "check", "--job-type", job, "--local"], name
@@ -219,16 +242,67 @@ def test_services_wait_for_what_they_need(services):
     healthy, done = "service_healthy", "service_completed_successfully"
     for name in AIRFLOW_SERVICES:
         assert waits(name)["postgres"] == waits(name)["redis"] == healthy, name
-        assert waits(name)["minio-init"] == done, name
+        assert waits(name)["s3-init"] == done, name
         if name != "airflow-init":
             assert waits(name)["airflow-init"] == done, name
     assert waits("worker")["api-server"] == waits("worker-gpu")["api-server"] == healthy
-    assert waits("minio-init") == {"minio": healthy} and waits("search") == {"minio-init": done}
+    assert waits("s3-init") == {"s3": healthy} and waits("search") == {"s3-init": done}
+
+
+def test_the_first_day_has_its_raw_data(services):
+    """hpd_ingest's default source in compose is a prefix per day in the store's bucket, and s3-init copies the
+    shipped sample days there (data/samples/<date>/, mounted from the checkout), so a run for a sample day finds
+    its raw files; the image's own default (HPD_DEFAULT_SOURCE, for a container without compose's) is the copy
+    of the same days inside the image, an absolute path (the workers run in /opt/airflow)."""
+    from tasks.core.sources import resolve_source
+
+    env = services["worker"]["environment"]
+    bucket = urlparse(env["HPD_STORE"]).netloc
+    source = env["HPD_DEFAULT_SOURCE"]
+    assert {services[name]["environment"]["HPD_DEFAULT_SOURCE"] for name in AIRFLOW_SERVICES} == {source}
+    assert source == f"s3://{bucket}/raw/{{ingest_date}}/"
+    (mount,) = services["s3-init"]["volumes"]
+    assert (mount["type"], Path(mount["source"]), mount["read_only"]) == ("bind", SAMPLES, True)
+    *_, sync = _init_steps(services["s3-init"])
+    assert sync[:3] == ["aws", "s3", "sync"] and sync[-2:] == [mount["target"].rstrip("/") + "/", f"s3://{bucket}/raw/"]
+    (image_default,) = re.findall(r"HPD_DEFAULT_SOURCE=(\S+)$", DOCKERFILE.read_text(), re.M)
+    days = sorted(path.name for path in SAMPLES.iterdir())
+    assert days, "data/samples holds the sample days"
+    for day in map(date.fromisoformat, days):
+        synced = resolve_source(source, day).removeprefix(f"s3://{bucket}/raw/")
+        assert sorted(p.name for p in (SAMPLES / synced).iterdir()) == ["sentences.txt"], day
+        inside = resolve_source(image_default, day)
+        assert inside.startswith("/") and _in_image(inside) == SAMPLES / day.isoformat(), day
+
+
+def test_search_is_healthy_only_once_it_can_answer(services, tmp_path):
+    """The search service's health check asks /health, which answers 503 as /search does until a promoted index is
+    loaded: `search` shows unhealthy until the first promotion, as docs/deployment.md says. On Kubernetes the same
+    /health gates readiness, and liveness probes the port, so a pod waiting for its first index is not restarted."""
+    import yaml
+    from fastapi.testclient import TestClient
+
+    from tasks.serve.app import create_app
+    from tasks.serve.holder import IndexHolder
+
+    assert (
+        _unescape(services["search"]["healthcheck"]["test"])[-1]
+        == f"http://localhost:{_port(services['search'])}/health"
+    )
+    with TestClient(create_app(IndexHolder(str(tmp_path / "store"), 60.0), poll=False)) as client:
+        health, search = client.get("/health"), client.get("/search", params={"q": "a dog"})
+    assert (health.status_code, health.json()["status"], search.status_code) == (503, "no_index", 503)
+    deployment, _ = yaml.safe_load_all((ROOT / "infra" / "k8s" / "search.yaml").read_text())
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/health"
+    assert "httpGet" not in container["livenessProbe"] and container["livenessProbe"]["tcpSocket"]
+    page = (ROOT / "docs" / "deployment.md").read_text()
+    assert "`search` shows `unhealthy` until" in page
 
 
 def test_images_are_built_or_pinned(services):
     """No `:latest` and no untagged image; the project's images carry the project's version and are built from its
-    Dockerfiles (the GPU worker on the Airflow image another service builds); the others name a release."""
+    Dockerfile (the GPU worker from its own target); the others name a release."""
     for name, service in services.items():
         image = service["image"]
         repository, _, tag = image.rpartition(":")
@@ -239,11 +313,11 @@ def test_images_are_built_or_pinned(services):
             assert dockerfile.resolve().parent == DOCKER and dockerfile.exists(), name
         else:
             assert "build" not in service and re.search(r"\d", tag), f"{name}: {image}"
-    gpu = services["worker-gpu"]["build"]
-    assert Path(gpu["dockerfile"]).name == "worker-gpu.Dockerfile"
-    assert (DOCKER / "worker-gpu.Dockerfile").read_text().count("\nFROM base\n") == 1
-    base = gpu["additional_contexts"]["base"].removeprefix("service:")
-    assert services[base]["image"] == f"hpd-pipeline/airflow:{VERSION}" and "build" in services[base]
+    builds = {name: s["build"] for name, s in services.items() if "build" in s}
+    assert {build["target"] for build in builds.values()} == {"airflow", "worker-gpu"}
+    for name, build in builds.items():
+        expected = "worker-gpu" if name == "worker-gpu" else "airflow"
+        assert build["target"] == expected and services[name]["image"] == f"hpd-pipeline/{expected}:{VERSION}", name
 
 
 def test_every_secret_is_required():
@@ -299,11 +373,30 @@ def test_ports_stay_on_loopback_and_the_celery_layout(services):
     assert "gpus" in services["worker-gpu"] and services["worker-gpu"]["profiles"] == ["gpu"]
 
 
+def _copies() -> dict[str, str]:
+    """The Dockerfile's COPY lines: each destination in the image -> the source in the build context."""
+    copies = {}
+    for line in DOCKERFILE.read_text().splitlines():
+        if line.startswith("COPY "):
+            *sources, destination = [word for word in line.split()[1:] if not word.startswith("--")]
+            for source in sources:
+                copies[destination.rstrip("/") + ("/" + source if destination.endswith("/") else "")] = source
+    return copies
+
+
+def _in_image(path: str) -> Path:
+    """Where ``path``, a path inside the image, comes from in the checkout (through the COPY lines)."""
+    for destination, source in sorted(_copies().items(), key=lambda item: -len(item[0])):
+        if path == destination or path.startswith(destination + "/"):
+            return ROOT / source / path.removeprefix(destination).lstrip("/")
+    raise AssertionError(f"{path} is not in the image")
+
+
 def test_images_install_from_the_locks():
     """The Airflow image installs from the lock files on the pinned Airflow image, and its build context
     (airflow.Dockerfile.dockerignore, an allow-list) holds every path its COPY lines name."""
-    dockerfile = (DOCKER / "airflow.Dockerfile").read_text()
-    assert dockerfile.startswith("#") and "FROM apache/airflow:3.3.2-python3.11" in dockerfile
+    dockerfile = DOCKERFILE.read_text()
+    assert dockerfile.startswith("#") and "FROM apache/airflow:3.3.2-python3.11 AS hpd" in dockerfile
     assert (
         "-r /opt/hpd/requirements.lock" in dockerfile
         and "--require-hashes -r /opt/hpd/requirements-models.lock" in dockerfile
@@ -314,8 +407,39 @@ def test_images_install_from_the_locks():
         for line in (DOCKER / "airflow.Dockerfile.dockerignore").read_text().splitlines()
         if line.startswith("!")
     }
-    copied = {src for line in dockerfile.splitlines() if line.startswith("COPY ") for src in line.split()[2:-1]}
+    copied = set(_copies().values())
     assert copied and copied <= allowed and all((ROOT / src).exists() for src in copied)
+
+
+def _stages() -> dict[str, str]:
+    """The Dockerfile's stages: name -> its lines, in order (the last is what a plain `docker build` makes)."""
+    stages: dict[str, str] = {}
+    for block in re.split(r"^(?=FROM )", DOCKERFILE.read_text(), flags=re.M)[1:]:
+        stages[block.split("\n", 1)[0].split(" AS ")[1].strip()] = block
+    return stages
+
+
+def test_only_the_gpu_worker_installs_cuda_torch(services):
+    """torch comes from TORCH_INDEX before the locks install: PyTorch's CPU index by default, PyPI (whose Linux wheel
+    is the CUDA build) only where the GPU worker's image is built. The locks hold no CUDA wheel, so nothing else brings
+    one in; each target's build checks which torch it got. A plain `docker build` makes the CPU image."""
+    stages = _stages()
+    assert list(stages) == ["hpd", "worker-gpu", "airflow"]
+    (arg,) = re.findall(r"^ARG TORCH_INDEX=(\S+)$", stages["hpd"], re.M)
+    assert arg == CPU_INDEX
+    install = re.search(r"^RUN pip install .*?[^\\]$", stages["hpd"], re.M | re.S)
+    assert install is not None
+    first, *rest = [step.strip() for step in install.group(0).removeprefix("RUN ").split("&&")]
+    assert '--index-url "$TORCH_INDEX" "torch==$(sed -n \'s/^torch==//p\' /opt/hpd/requirements.lock)"' in first
+    assert not [step for step in rest if "index-url" in step or "torch" in step]
+    locked = [ROOT / name for name in ("requirements.lock", "requirements-models.lock")]
+    names = [line.split("==")[0].lower() for path in locked for line in path.read_text().splitlines()]
+    assert names.count("torch") == 1 and not [n for n in names if n.startswith(("nvidia-", "triton", "cuda"))]
+    assert "'torch is a CUDA build" in stages["airflow"] and "'torch has no CUDA" in stages["worker-gpu"]
+    for name, service in services.items():
+        if "build" in service:
+            index = service["build"].get("args", {}).get("TORCH_INDEX", arg)
+            assert index == (PYPI if name == "worker-gpu" else CPU_INDEX), name
 
 
 def test_the_deployment_page_names_every_service_and_secret(services):

@@ -11,14 +11,18 @@ VERSION = tomllib.loads((INFRA.parent / "pyproject.toml").read_text())["project"
 
 
 def test_helm_values_use_the_kubernetes_executor_and_remote_logs():
+    """The chart runs one image in every component: the GPU worker's (CUDA torch), since its Celery GPU worker set
+    runs distillation on it. A day's raw data is read from the bucket's prefix of that day."""
     values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
     assert values["executor"].split(",")[0] == "KubernetesExecutor"  # the default executor: the first listed
     assert values["airflowVersion"] == "3.3.2"
-    assert (values["defaultAirflowRepository"], values["defaultAirflowTag"]) == ("hpd-pipeline/airflow", VERSION)
+    assert (values["defaultAirflowRepository"], values["defaultAirflowTag"]) == ("hpd-pipeline/worker-gpu", VERSION)
     logging = values["config"]["logging"]
     assert logging["remote_logging"] == "True" and logging["remote_base_log_folder"].startswith("s3://")
     env = {item["name"]: item["value"] for item in values["env"]}
     assert env["HPD_STORE"].startswith("s3://") and env["HPD_GPU_QUEUE"] == "gpu"
+    bucket = env["HPD_STORE"].removeprefix("s3://").split("/")[0]
+    assert env["HPD_DEFAULT_SOURCE"] == f"s3://{bucket}/raw/{{ingest_date}}/"
 
 
 def test_distill_routes_to_the_celery_gpu_workers():
@@ -87,8 +91,9 @@ def test_pipeline_policy_is_least_privilege():
 
 def test_search_service_runs_hpd_serve_on_the_pipeline_store():
     """The search Deployment's command is a valid ``hpd serve`` command line listening on the port the Service
-    targets; it probes /health, runs as the image's non-root user, and reads the store and S3 connection the
-    Airflow release uses."""
+    targets, in the CPU image; it is ready once /health answers (an index is loaded) and alive while its port
+    accepts connections; it runs as the image's non-root user, and reads the store and S3 connection the Airflow
+    release uses."""
     from tasks import cli
 
     deployment, service = yaml.safe_load_all((INFRA / "k8s" / "search.yaml").read_text())
@@ -103,8 +108,8 @@ def test_search_service_runs_hpd_serve_on_the_pipeline_store():
     assert args.port == port["containerPort"] and exposed["targetPort"] == port["name"]
     assert service["spec"]["type"] == "ClusterIP"
     assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
-    for probe in ("readinessProbe", "livenessProbe"):
-        assert container[probe]["httpGet"] == {"path": "/health", "port": port["name"]}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/health", "port": port["name"]}
+    assert container["livenessProbe"]["tcpSocket"] == {"port": port["name"]}
     assert container["securityContext"]["runAsNonRoot"] is True
     values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
     airflow_env = {item["name"]: item["value"] for item in values["env"]}
