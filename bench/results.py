@@ -347,7 +347,7 @@ ABOUT = {
         "{details/volume/days} days of {details/volume/day_rows} new distinct sentences a day through the DAGs' "
         "stages with the packaged models (the composite teacher, the MiniLM-L6 student) and `hpd_retrain`'s plan and "
         "defaults: the previous path, where the teacher encodes (and augmentation varies) every staged row, against "
-        "today's, where they take a bounded sample of each partition ({details/volume/teacher_sample/sampled} rows) "
+        "today's, where they take a bounded sample of each partition ({details/volume/teacher_sample} rows) "
         "and the student indexes every row; the headline is the median compute of a day without a retrain.",
         "yes: the same arrivals, models, retrain policy and training settings; only the teacher's sample differs",
         (
