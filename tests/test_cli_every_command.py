@@ -65,3 +65,31 @@ def test_bad_input_is_one_line_naming_it_never_a_traceback(command, tmp_path, ca
     assert exited == code, err
     assert "Traceback" not in err and named in err, err
     assert any(line.startswith("hpd: error:") or "error:" in line for line in lines), err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ("encode-teacher", "--teacher", "https://someone:topsecret@models.example/x", *DAY),
+        ("stage-corpus", "--source", "s3://someone:topsecret@bucket/{day}/", *DAY),
+    ],
+    ids=["teacher", "source"],
+)
+def test_credentials_in_a_flag_never_reach_the_error_or_the_log(argv, tmp_path, capsys, caplog):
+    """A flag that quotes a URI with credentials: the one line names it without them, and so does every log line."""
+    store = (tmp_path / "store").as_uri()
+    if argv[0] == "encode-teacher":
+        raw = tmp_path / "raw.txt"
+        raw.write_text("one sentence\nanother one\n")
+        assert cli.main(["stage-corpus", "--store", store, "--source", str(raw), *DAY, "--quiet"]) == 0
+    assert cli.main([*argv, "--store", store]) in (1, 2)
+    err = capsys.readouterr().err
+    assert "hpd: error:" in err and "topsecret" not in err, err
+    assert all("topsecret" not in record.getMessage() for record in caplog.records)
+
+
+def test_the_cli_log_filter_removes_credentials_from_any_line():
+    import logging
+
+    record = logging.LogRecord("tasks.x", logging.INFO, __file__, 1, "reading %s", ("s3://key:topsecret@b/x",), None)
+    assert cli._Redacting().filter(record) and record.getMessage() == "reading s3://b/x"
