@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from tasks.core import config
+from tasks.core import config, uris
 from tasks.core.catalog import RUN_NAME_PATTERN, Stage
 from tasks.core.settings import SettingsError
 from tasks.core.uris import StorageError, store_root, to_uri
@@ -348,7 +348,7 @@ def _demo(args: argparse.Namespace) -> int:
         plan.run_chain()
         where = demo.locations(store)
     except (demo.DemoError, ValueError, StorageError) as exc:
-        print(f"hpd: error: {exc}", file=sys.stderr)
+        _error(exc)
         return 1
     print(f"\nThe DAG chain finished in {time.perf_counter() - start:.0f} s.")
     for name, uri in where.items():
@@ -365,14 +365,14 @@ def _search(args: argparse.Namespace) -> int:
     try:
         query = queries.checked(args.query)
     except queries.QueryError as exc:
-        print(f"hpd: error: {exc}", file=sys.stderr)
+        _error(exc)
         return 1
     store = _store(args)
     answered = None if args.local else client.search(store, query, args.k)
     try:
         hits = answered.hits if answered else _search_here(store, query, args.k)
     except (ValueError, StorageError) as exc:
-        print(f"hpd: error: {exc}", file=sys.stderr)
+        _error(exc)
         return 1
     for hit in hits:
         print(hit.line())
@@ -415,7 +415,7 @@ def _lineage(args: argparse.Namespace) -> int:
             traced = lineage.trace(store, args.target or lineage.Pointer.INDEX)
             record, text = traced.to_dict(), traced.render()
     except (ValueError, StorageError) as exc:
-        print(f"hpd: error: {exc}", file=sys.stderr)
+        _error(exc)
         return 1
     print(json.dumps(record, indent=2) if args.json else text)
     return 0
@@ -434,7 +434,7 @@ def _runs(args: argparse.Namespace) -> int:
             found = runs.list_runs(store)
             record, text = [run.to_dict() for run in found], runs.render_list(found)
     except (ValueError, StorageError) as exc:
-        print(f"hpd: error: {exc}", file=sys.stderr)
+        _error(exc)
         return 1
     print(json.dumps(record, indent=2) if args.json else text)
     return 0
@@ -445,7 +445,7 @@ def _run_stage(stage: Stage, args: argparse.Namespace) -> int:
     try:
         params = config.parse(registry.STAGES[stage], values)
     except config.ConfigError as exc:
-        print(f"hpd: error: {exc}", file=sys.stderr)
+        _error(exc)
         return 2
     module = registry.module(stage)
     bars = not args.quiet and sys.stderr.isatty()
@@ -453,7 +453,7 @@ def _run_stage(stage: Stage, args: argparse.Namespace) -> int:
         with _bars_and_logs() if bars else contextlib.nullcontext():
             result = module.run(params, force=args.force, progress=bars)
     except (ValueError, StorageError) as exc:
-        print(f"hpd: error: {exc}", file=sys.stderr)
+        _error(exc)
         return 1
     if args.table:
         print(module.render(result.manifest.key, result.stats))
@@ -468,6 +468,22 @@ def _run_stage(stage: Stage, args: argparse.Namespace) -> int:
     return 0
 
 
+def _error(exc: BaseException) -> None:
+    """The one line a failure prints, credentials in any URI it quotes removed."""
+    print(f"hpd: error: {uris.redact(str(exc))}", file=sys.stderr)
+
+
+class _Redacting(logging.Filter):
+    """Every log line with the credentials of any URI in it removed (a flag or a library may quote one)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = uris.redact(message)
+        if redacted != message:
+            record.msg, record.args = redacted, ()
+        return True
+
+
 def configure_logging(level: str | None = None) -> None:
     """Log lines on stderr: everything at ``level``; by default ``tasks.*`` at INFO, other libraries' warnings
     and the :data:`CHATTY` ones' errors. A no-op where logging is set up (Airflow, pytest)."""
@@ -475,6 +491,8 @@ def configure_logging(level: str | None = None) -> None:
         return
     logging.captureWarnings(True)  # Python warnings (torch's, transformers') go through logging: py.warnings
     logging.basicConfig(level=level or logging.WARNING, format=LOG_FORMAT, stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_Redacting())
     logging.getLogger("tasks").setLevel(level or logging.INFO)
     for name in CHATTY:
         logging.getLogger(name).setLevel(level or logging.ERROR)
@@ -517,7 +535,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if command in COMMANDS:
             return COMMANDS[command](args)
     except (config.ConfigError, SettingsError) as exc:
-        print(f"hpd: error: {exc}", file=sys.stderr)
+        _error(exc)
         return 2
     return _run_stage(Stage(command.replace("-", "_")), args)
 

@@ -1,6 +1,7 @@
 """Chaos: every stage that publishes or promotes, SIGKILLed before each of its commits, before the write that
 follows each (between a publish and the next step), before its first write and one in the middle, then
-rerun; and run twice at once. The store ends as a clean run leaves it (:mod:`tests.support.chaos`): the same
+rerun; and run twice at once. An index version of several segments (a day kept, a day encoded) is killed before
+and after each segment's files too. The store ends as a clean run leaves it (:mod:`tests.support.chaos`): the same
 objects, the same pointers, every field two clean runs agree on the same, and nothing listed that does not
 verify. On file://, and on S3 (where the kills are of the stages whose commits differ from a folder's).
 
@@ -19,14 +20,15 @@ from typing import Any
 import pytest
 from filelock import FileLock
 
-from tasks.core import storage
+from tasks.core import config, storage
 from tasks.core.catalog import Stage
+from tasks.stages import encode_teacher, stage_corpus
 from tests.support import chaos, store_state
 from tests.support.projected_store import corpus_lines, projected_store
 
 pytestmark = pytest.mark.models
 
-DAY = date(2026, 11, 1)
+DAY, DAY2 = date(2026, 11, 1), date(2026, 11, 2)
 SHARD_ROWS = 40
 Values = Callable[[dict[str, str], str], dict[str, Any]]
 
@@ -63,6 +65,10 @@ class Case:
     on: str
     values: Values
 
+    @property
+    def name(self) -> str:
+        return self.stage if self.on != "two_days" else f"{self.stage}-two-segments"
+
 
 CASES = [
     Case(
@@ -77,6 +83,7 @@ CASES = [
     Case(Stage.DISTILL, "projected", _distill),
     Case(Stage.VALIDATE, "distilled", _validate),
     Case(Stage.BUILD_INDEX, "distilled", _index),
+    Case(Stage.BUILD_INDEX, "two_days", _index),
     Case(Stage.DRIFT, "promoted", lambda p, s: {"store": s, "ingest_date": DAY}),
     Case(Stage.GC, "restaged", lambda p, s: {"store": s, "retention_hours": 0}),
 ]
@@ -115,6 +122,7 @@ def _build_chain(root: Path) -> dict[str, str]:
                 chaos.run(Stage.BUILD_INDEX, _index(prepared, s)),
             ],
         ),
+        ("two_days", "promoted", lambda s: _second_day(prepared, root, s)),
         (
             "restaged",
             "staged",
@@ -127,6 +135,17 @@ def _build_chain(root: Path) -> dict[str, str]:
         shutil.copytree(folders[after], folders[name])
         step(storage.to_uri(str(folders[name])))
     return {**prepared, **{name: str(folder) for name, folder in folders.items()}}
+
+
+def _second_day(prepared: dict[str, str], root: Path, store: str) -> None:
+    """A second partition staged and encoded beside the promoted index of the first: the next build keeps the first
+    day's segment and encodes the second's."""
+    raw = root / "day2.txt"
+    raw.write_text("\n".join(corpus_lines(160)[120:]))
+    values = {"store": store, "source": str(raw), "ingest_date": DAY2, "shard_rows": SHARD_ROWS}
+    stage_corpus.run(config.parse(stage_corpus.StageCorpusParams, values))
+    values = {"store": store, "teacher": prepared["teacher"], "ingest_date": DAY2}
+    encode_teacher.run(config.parse(encode_teacher.EncodeTeacherParams, values))
 
 
 def _subset(source: Path, target: Path, keep: tuple[str, ...]) -> Path:
@@ -154,9 +173,9 @@ RACED_ON_S3 = tuple(c.stage for c in CASES if c.stage not in (Stage.DISTILL, Sta
 
 
 def _cases() -> list[Any]:
-    on_file = [pytest.param(case, None, id=f"{case.stage}-file") for case in CASES]
+    on_file = [pytest.param(case, None, id=f"{case.name}-file") for case in CASES]
     on_s3 = [
-        pytest.param(case, "s3", id=f"{case.stage}-s3", marks=pytest.mark.s3)
+        pytest.param(case, "s3", id=f"{case.name}-s3", marks=pytest.mark.s3)
         for case in CASES
         if case.stage in RACED_ON_S3
     ]

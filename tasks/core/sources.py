@@ -6,6 +6,7 @@ import string
 from datetime import date
 
 from tasks.core import storage
+from tasks.core.uris import redact
 
 
 class CorpusInputError(ValueError):
@@ -21,7 +22,7 @@ def resolve_source(source: str, ingest_date: date) -> str:
             raise KeyError(f"holds {sorted(fields - {'ingest_date'})}, the only placeholder allowed is {{ingest_date}}")
         return source.format(ingest_date=ingest_date)
     except (ValueError, KeyError) as exc:
-        raise CorpusInputError(f"{source}: not a valid source template ({exc})") from None
+        raise CorpusInputError(f"{redact(source)}: not a valid source template ({redact(str(exc))})") from None
 
 
 def source_uris(source: str) -> list[str]:

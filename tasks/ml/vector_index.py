@@ -55,11 +55,16 @@ def build(vectors: np.ndarray, factory: str, nprobe: int, k_factor: float = 16.0
     return index
 
 
+def held_out(rows: int) -> int:
+    """The rows of an index of ``rows`` held out of its training and tuning (:func:`build_tuned`)."""
+    return min(HELD_OUT, rows // 10) if rows >= 100 else 0
+
+
 def build_tuned(vectors: np.ndarray, factory: str, nprobe: int, k_factor: float, ef_search: int, target: float):
     """:func:`build` over ``vectors``, its search breadth tuned to ``target`` (:func:`tune_search`) and measured
     (:func:`measure`) on the last rows held out of it (:data:`HELD_OUT`), which are added afterwards; an index
     under 100 vectors is tuned on its own rows. (index, measures)."""
-    held = min(HELD_OUT, len(vectors) // 10) if len(vectors) >= 100 else 0
+    held = held_out(len(vectors))
     index = build(vectors[: len(vectors) - held], factory, nprobe, k_factor, ef_search)
     sample = RecallSample.held_out(vectors, held) if held else RecallSample.of(vectors)
     measured = {**tune_search(index, sample, target), **measure(index, sample)}

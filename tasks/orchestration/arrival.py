@@ -14,6 +14,8 @@ from airflow.sdk.exceptions import AirflowFailException
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 from pydantic import BaseModel
 
+from tasks.core.uris import redact
+
 
 class Arrival(BaseModel):
     """What the trigger reports: raw data ``arrived`` at ``source`` (``files`` of them), or a ``timeout``."""
@@ -82,10 +84,10 @@ class WaitForSource(BaseOperator):
     def execute(self, context: Any) -> str:
         source = _resolved_source(context)
         if found := arrived(source):
-            self.log.info("raw data for the partition is there: %s (%d file(s))", source, len(found))
+            self.log.info("raw data for the partition is there: %s (%d file(s))", redact(source), len(found))
             return source
         wait = timedelta(hours=ArrivalParams.of(context).arrival_timeout_h)
-        self.log.info("waiting up to %s for raw data at %s (polling every %ss)", wait, source, self.poll_s)
+        self.log.info("waiting up to %s for raw data at %s (polling every %ss)", wait, redact(source), self.poll_s)
         self.defer(
             trigger=SourceArrivalTrigger(source, self.poll_s, time.time() + wait.total_seconds()),
             method_name="execute_complete",
@@ -96,8 +98,10 @@ class WaitForSource(BaseOperator):
         arrival = Arrival.model_validate(event)
         if arrival.status != "arrived":
             hours = ArrivalParams.of(context).arrival_timeout_h
-            raise AirflowFailException(f"no raw data arrived at {arrival.source} within {hours} h (arrival_timeout_h)")
-        self.log.info("raw data arrived at %s (%d file(s))", arrival.source, arrival.files)
+            raise AirflowFailException(
+                f"no raw data arrived at {redact(arrival.source)} within {hours} h (arrival_timeout_h)"
+            )
+        self.log.info("raw data arrived at %s (%d file(s))", redact(arrival.source), arrival.files)
         return arrival.source
 
 

@@ -41,27 +41,18 @@ import pyarrow as pa
 from tasks.core import catalog, finite, manifest, parquet_shards, promoted, promotion, sentences, spaces, storage, uris
 from tasks.core.catalog import Dataset, Pointer, Stage
 from tasks.core.progress import Progress, format_bytes, format_duration
-from tasks.ml import segments, student
+from tasks.ml import segments, student, vector_index
 from tasks.ml.segments import Segment
 from tasks.ml.vector_index import IndexBuildError, build_tuned
 from tasks.stages.params import BuildIndexParams
 
 _REFINE = {"none": "", "sq8": ",Refine(SQ8)", "flat": ",RFlat"}  # factory suffix of each IVF-PQ re-rank
 INDEX_FILE = "index.faiss"
-# The params that change what a segment holds; the others choose partitions, names, promotion or merging.
-SEGMENT_SETTINGS = (
-    "index_type",
-    "sq8",
-    "hnsw_m",
-    "hnsw_ef_search",
-    "nlist",
-    "nprobe",
-    "target_recall",
-    "pq_m",
-    "pq_bits",
-    "refine",
-    "refine_k_factor",
-    "dtype",
+# The params that do not change what a segment holds: which partitions and student, the names, promotion, merging,
+# the recall gate and the encode batch. Every other param, one added later included, is taken to change it (fail
+# safe): a segment built with another value of it is not kept.
+NOT_SEGMENT_SETTINGS = frozenset(
+    {"store", "model_run", "partitions", "name", "promote", "merge_fanout", "min_recall", "batch_size"}
 )
 
 log = logging.getLogger(__name__)
@@ -124,6 +115,25 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
             _settle(params.store, skipped.manifest)
         return skipped
     builder = _Builder(params, stage_run, distilled, progress, force)
+    try:
+        result = _published_version(builder, staged, distill_uri, seen_etag)
+    except BaseException:
+        _discard(stage_run)  # a failed or refused build leaves nothing no manifest lists
+        raise
+    assert result.manifest is not None
+    if result.manifest.run_id != stage_run.run_id:  # a concurrent identical build published first: its version stands
+        _discard(stage_run)
+    if params.promote:
+        assert result.manifest is not None
+        promote(params.store, result.manifest, seen_etag)
+    return result
+
+
+def _published_version(
+    builder: _Builder, staged: dict[str, list[manifest.Output]], distill_uri: str, seen_etag: str | None
+) -> manifest.StageResult:
+    """Build the version's segments, write its table and publish its manifest (listing every segment's files)."""
+    params, stage_run = builder.params, builder.stage_run
     listed, kept = builder.version(staged, distill_uri)
     recorded = promotion.Promotion(seen_etag).as_stats() if params.promote else {}
     stage_run.stats = {**_version_stats(listed, kept, builder.rows_encoded), **recorded}
@@ -131,11 +141,23 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
         stage_run.outputs.extend(segment.outputs)
     table = segments.table_bytes(params.store, stage_run.stats["dim"], listed)
     stage_run.write_output(storage.join(builder.prefix, segments.TABLE_FILE), table)
-    result = stage_run.publish()
-    if params.promote:
-        assert result.manifest is not None
-        promote(params.store, result.manifest, seen_etag)
-    return result
+    return stage_run.publish()
+
+
+def _discard(stage_run: manifest.StageRun) -> None:
+    """Delete what a build whose version was not published wrote: its run folder (no other run writes there) and the
+    kept version of its manifest, if written; a delete that fails is left to gc, logged."""
+    prefix = catalog.index_prefix(stage_run.store, stage_run.key, stage_run.run_id)
+    version = catalog.manifest_version_uri(stage_run.store, Stage.BUILD_INDEX, stage_run.key, stage_run.run_id)
+    try:
+        written = [*storage.list_uris(prefix), *([version] if storage.exists(version) else [])]
+        for uri in written:
+            storage.delete(uri)
+    except storage.StorageError as exc:
+        log.warning("build_index %s: %s not cleaned up (%s); gc removes it", stage_run.key, uris.redact(prefix), exc)
+        return
+    if written:
+        log.info("build_index %s: removed the %d object(s) of its unpublished build", stage_run.key, len(written))
 
 
 def _student_run(params: BuildIndexParams) -> tuple[BuildIndexParams, manifest.Manifest]:
@@ -173,7 +195,7 @@ def _kept_segments(store: str, name: str, wanted: dict[str, str], model: str, se
     except (manifest.ManifestError, segments.SegmentTableError, storage.StorageError) as exc:
         log.warning("build_index %s: the previous version does not read (%s); every partition is encoded", name, exc)
         previous = []
-    kept = [s for s in previous if s.keeps(wanted, model, settings)]
+    kept = [s for s in previous if s.keeps(wanted, model, settings) and _intact(name, s)]
     covered = sum(len(s.partitions) for s in kept)
     log.info(
         "build_index %s: %d partition(s) wanted: %d in %d kept segment(s), %d to encode",
@@ -184,6 +206,22 @@ def _kept_segments(store: str, name: str, wanted: dict[str, str], model: str, se
         len(wanted) - covered,
     )
     return kept
+
+
+def segment_settings(params: BuildIndexParams) -> str:
+    """The fingerprint of the settings that change what a segment holds: every param but
+    :data:`NOT_SEGMENT_SETTINGS`."""
+    return segments.settings_fingerprint(params.model_dump(mode="json", exclude=set(NOT_SEGMENT_SETTINGS)))
+
+
+def _intact(name: str, segment: Segment) -> bool:
+    """Whether every file of a segment the previous version lists is there as recorded (one HEAD each); a segment
+    with a file missing or changed is not kept (its partitions are encoded again), with a warning naming it."""
+    for output in segment.outputs:
+        if (damage := output.damage()) is not None:
+            log.warning("build_index %s: %s %s; segment %s is encoded again", name, output.uri, damage, segment.name)
+            return False
+    return True
 
 
 def _version_stats(listed: list[Segment], kept: list[Segment], rows_encoded: int) -> dict[str, Any]:
@@ -224,8 +262,7 @@ class _Builder:
         wanted = {day: segments.partition_fingerprint(shards) for day, shards in staged.items()}
         model = catalog.store_key(self.params.store, distill_uri) or distill_uri
         self.space = spaces.of(self.params.store, self.distilled)
-        chosen = {setting: getattr(self.params, setting) for setting in SEGMENT_SETTINGS}
-        settings = segments.settings_fingerprint(chosen)
+        settings = segment_settings(self.params)
         kept = [] if self.force else _kept_segments(self.params.store, self.stage_run.key, wanted, model, settings)
         covered = {day for segment in kept for day in segment.partitions}
         pending = {day: staged[day] for day in wanted if day not in covered}
@@ -295,7 +332,7 @@ class _Builder:
         vectors: np.ndarray,
         ids: pa.Table,
         embeddings: list[manifest.Output],
-        chosen: tuple[str, str],
+        chosen: tuple[str, str, str | None],
     ) -> Segment:
         """Build, measure and publish a segment's index and id map; :class:`RecallTooLow` below ``min_recall``."""
         import faiss
@@ -304,7 +341,9 @@ class _Builder:
         faiss.normalize_L2(vectors)
         days = sorted(partitions)
         folder = storage.join(self.prefix, "segments", days[0] if len(days) == 1 else f"{days[0]}_{days[-1]}")
-        body, stats = _built_index(self.stage_run, self.params, vectors, *chosen)
+        body, stats = _built_index(self.stage_run, self.params, vectors, *chosen[:2])
+        if chosen[2] is not None:
+            stats["fallback"] = chosen[2]
         index = manifest.Output(storage.join(folder, INDEX_FILE), manifest.sha256_hex(body), len(vectors), len(body))
         storage.write_bytes(index.uri, body)
         id_map = pa.table(
@@ -318,10 +357,29 @@ class _Builder:
         return Segment(partitions, model, settings, index, written, tuple(embeddings), stats, self.space)
 
 
-def _chosen(params: BuildIndexParams, rows: int, dim: int) -> tuple[str, str]:
-    """(index type, factory string) for a segment of ``rows`` vectors of ``dim``; bad settings raise here."""
+def _chosen(params: BuildIndexParams, rows: int, dim: int) -> tuple[str, str, str | None]:
+    """(index type, factory string, why it is exact search instead of the type asked for, or None) for a segment of
+    ``rows`` vectors of ``dim``; bad settings raise here. A segment too small to train the quantiser of the type asked
+    for (IVF: as many vectors as lists; PQ: ``2 ** pq_bits`` a sub-quantiser) gets exact search, said in the log."""
     index_type = choose_type(params.index_type, rows)
-    return index_type, factory_string(index_type, rows, dim, params)
+    factory_string(index_type, rows, dim, params)  # bad settings are refused whatever the segment's size
+    needed = _training_rows_needed(index_type, rows, params)
+    trained = rows - vector_index.held_out(rows)
+    if trained >= needed:
+        return index_type, factory_string(index_type, rows, dim, params), None
+    why = (
+        f"{index_type} needs {needed} vectors to train its quantiser and this segment trains on {trained}: "
+        "exact search instead"
+    )
+    log.warning("build_index: %s", why)
+    return "flat", factory_string("flat", rows, dim, params), why
+
+
+def _training_rows_needed(index_type: str, rows: int, params: BuildIndexParams) -> int:
+    """The fewest vectors that train ``index_type``'s quantiser for a segment of ``rows``: an IVF's lists, and a
+    PQ's ``2 ** pq_bits`` codes; 0 for an index that trains nothing."""
+    nlist = params.nlist or max(1, int(4 * np.sqrt(rows)))
+    return {"ivf_flat": nlist, "ivf_pq": max(nlist, 2**params.pq_bits)}.get(index_type, 0)
 
 
 def _encoded(encoder: Any, params: BuildIndexParams, ids: pa.Table, reporter: Progress) -> np.ndarray:
@@ -393,9 +451,8 @@ def _output(shard: parquet_shards.Shard) -> manifest.Output:
 
 def _settle(store: str, published: manifest.Manifest) -> None:
     """On a rerun of a published build: complete the promotion it did not finish, or say where it stands."""
-    settled, etag = promotion.settle(store, Pointer.INDEX, lambda p: p.run_id == published.run_id, published.stats)
-    log.info("build_index %s: %s", published.key, settled)
-    if settled is promotion.Settlement.UNFINISHED:
+    unfinished, etag = promotion.resume(store, Pointer.INDEX, published, lambda p: p.run_id == published.run_id)
+    if unfinished:
         promote(store, published, etag)
 
 
@@ -425,12 +482,13 @@ def promote(store: str, published: manifest.Manifest, seen_etag: str | None) -> 
         published.inputs[0].uri,
     )
     try:
-        catalog.move_pointer(store, pointer, seen_etag)
+        moved = promotion.move(store, pointer, seen_etag, published)
     except catalog.PointerMoved:
         raise PromotionConflict(
             f"{catalog.pointer_uri(store, Pointer.INDEX)}: moved by another rebuild since this "
             f"one started; {index_uri} is published but not promoted"
         ) from None
-    where = catalog.pointer_uri(store, Pointer.INDEX)
-    log.info("build_index %s: promoted; %s names %s", published.key, uris.redact(where), uris.redact(index_uri))
+    if moved:
+        where = catalog.pointer_uri(store, Pointer.INDEX)
+        log.info("build_index %s: promoted; %s names %s", published.key, uris.redact(where), uris.redact(index_uri))
     return pointer

@@ -105,6 +105,8 @@ def test_a_version_below_min_recall_is_refused_and_not_promoted(store):
     with pytest.raises(build_index.RecallTooLow, match=r"IVF16,Flat over 60 vectors recalls 0\.\d+ at 10, below"):
         _build(store, "coarse", DAYS[:1], min_recall=0.99, **coarse)
     assert manifest.read(store, Stage.BUILD_INDEX, "coarse") is None
+    assert storage.list_uris(f"{store}/indexes/coarse") == []  # nothing no manifest lists: no embeddings, no segment
+    assert storage.list_uris(f"{store}/manifest_versions/build_index/coarse") == []
     assert (storage.read_bytes(catalog.pointer_uri(store, Pointer.INDEX)) if _promoted(store) else None) == before
 
 
@@ -147,3 +149,69 @@ def test_segments_are_stamped_with_their_embedding_space_and_a_version_mixing_sp
     foreign = [dataclasses.replace(table[0], space=None, model="manifest_versions/distill/other/r.json")]
     with pytest.raises(vector_index.IndexBuildError, match="model:manifest_versions/distill/other/r.json"):
         vector_index.require_one_space(store, foreign, distilled)
+
+
+def test_a_build_that_crashes_leaves_nothing_no_manifest_lists(store, monkeypatch):
+    def crash(*args, **kwargs):
+        raise RuntimeError("the FAISS build died")
+
+    monkeypatch.setattr(build_index, "build_tuned", crash)
+    with pytest.raises(RuntimeError, match="the FAISS build died"):
+        _build(store, "crashed", DAYS[:1])
+    assert storage.list_uris(f"{store}/indexes/crashed") == []  # its embeddings were written before the crash
+
+
+def test_a_segment_too_small_for_its_quantiser_gets_exact_search_and_says_so(store, caplog):
+    """An IVF of 64 lists cannot be trained on a day's 60 vectors: that segment gets exact search, said in the log
+    and the manifest, and the day is searchable; the next day's build goes on."""
+    caplog.set_level(logging.WARNING, logger="tasks")
+    settings = {"index_type": "ivf_flat", "nlist": 64}
+    first = _build(store, "small", DAYS[:1], **settings)
+    (built,) = first.stats["built"]
+    assert built["index_type"] == "flat" and built["factory"] == "Flat"
+    assert (
+        built["fallback"]
+        == "ivf_flat needs 64 vectors to train its quantiser and this segment trains on 60: exact search instead"
+    )
+    assert any(built["fallback"] in message for message in caplog.messages)
+    second = _build(store, "small", DAYS[:2], **settings)
+    assert second.stats["rows"] == 120 and len(vector_index.load_current(store).sentence_ids) == 120
+    pq = _build(store, "small-pq", DAYS[:1], index_type="ivf_pq", pq_m=4)
+    assert "ivf_pq needs 256 vectors to train its quantiser" in pq.stats["built"][0]["fallback"]
+
+
+def test_a_lost_segment_file_is_encoded_again_not_kept(store, caplog):
+    """A kept segment must be there: one whose id map is lost (a bad copy or sync) is encoded again, with a warning
+    naming the file, instead of being listed by a version that then cannot be promoted."""
+    first = _build(store, "mended", DAYS[:1])
+    (segment,) = _table(store, first)
+    storage.delete(segment.ids.uri)
+    caplog.set_level(logging.WARNING, logger="tasks")
+    second = _build(store, "mended", DAYS[:2])
+    assert second.stats["segments_kept"] == 0 and second.stats["rows_encoded"] == 120
+    assert any(f"{segment.ids.uri} is missing; segment {segment.name} is encoded again" in m for m in caplog.messages)
+    assert len(vector_index.load_current(store).sentence_ids) == 120  # promoted: every file there
+
+
+def test_a_new_index_setting_changes_the_segment_unless_it_is_listed_as_not_mattering(store):
+    """Fail safe: every param changes what a segment holds unless ``NOT_SEGMENT_SETTINGS`` says it does not, so a
+    setting added later is never silently reused."""
+
+    class WithNewKnob(build_index.BuildIndexParams):
+        new_knob: int = 1
+
+    values = {"store": store, "model_run": "tiny"}
+    base = build_index.segment_settings(WithNewKnob(**values))
+    assert build_index.segment_settings(WithNewKnob(**values, new_knob=2)) != base
+    for setting, value in (("batch_size", 7), ("min_recall", 0.5), ("merge_fanout", 3), ("name", "other")):
+        assert build_index.segment_settings(WithNewKnob(**values, **{setting: value})) == base, setting
+
+
+def test_a_build_whose_identical_twin_promoted_first_is_not_a_conflict(store):
+    """Two runs of one build at once: the one that loses the pointer's race finds it naming the very version it
+    would promote, so it ends green; a different build that lost the race still fails with a conflict."""
+    first = _build(store, "twins", DAYS[:1])
+    build_index.promote(store, first.manifest, seen_etag=None)  # a stale etag: the pointer moved to this very build
+    other = _build(store, "other-twin", DAYS[:1], promote=False)
+    with pytest.raises(build_index.PromotionConflict, match="moved by another rebuild since this one started"):
+        build_index.promote(store, other.manifest, seen_etag=None)

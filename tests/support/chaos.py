@@ -59,6 +59,11 @@ class Write:
     def commits(self) -> bool:
         return self.method in _COMMITS or self.key.startswith(_RECORDS)
 
+    @property
+    def publishes_a_segment(self) -> bool:
+        """A file of an index segment (its FAISS index or id map): an index version publishes each in turn."""
+        return "/segments/" in self.key
+
 
 @contextmanager
 def _wrapped(before_each: Callable[[str, str], None]) -> Iterator[None]:
@@ -90,10 +95,11 @@ def recorded_writes(stage: Stage, values: dict[str, Any]) -> list[Write]:
 
 
 def kill_points(writes: list[Write]) -> list[int]:
-    """1-based positions of the writes to die before: the first, the middle one, each commit and the next."""
+    """1-based positions of the writes to die before: the first, the middle one, each commit and each segment file
+    of an index version, and the write after each."""
     points = {1, len(writes) // 2 + 1}
     for position, write in enumerate(writes, start=1):
-        if write.commits:
+        if write.commits or write.publishes_a_segment:
             points |= {position, position + 1}
     return sorted(p for p in points if p <= len(writes))
 

@@ -72,23 +72,20 @@ def promote_model(store: str, published: manifest.Manifest, etag: str | None) ->
     scores = ValidateStats.parse(published.stats, published.version_uri(store)).sts.student
     pointer = catalog.ModelPointer(published.key, scores, published.version_uri(store), published.inputs[0].uri)
     try:
-        catalog.move_pointer(store, pointer, etag)
+        moved = pointer_moves.move(store, pointer, etag, published)
     except catalog.PointerMoved:
         raise ValidateError(
             f"{catalog.pointer_uri(store, Pointer.MODEL)}: another promotion happened since this "
             f"validation started; {published.key} was not promoted"
         ) from None
-    log.info("promoted %s: %s names it now", published.key, uris.redact(catalog.pointer_uri(store, Pointer.MODEL)))
+    if moved:
+        log.info("promoted %s: %s names it now", published.key, uris.redact(catalog.pointer_uri(store, Pointer.MODEL)))
 
 
 def settle_model(store: str, published: manifest.Manifest) -> None:
     """On a rerun of a published validation that passed its gate to promote: complete the move of
     ``models/current.json`` it did not finish, or say where its promotion stands (:mod:`tasks.core.promotion`)."""
-    if pointer_moves.Promotion.recorded(published.stats) is None:
-        log.info("validate %s: not promoted (the gate failed or promote was off when it ran)", published.key)
-        return
     uri = published.version_uri(store)
-    settled, etag = pointer_moves.settle(store, Pointer.MODEL, lambda p: p.validation == uri, published.stats)
-    log.info("validate %s: %s", published.key, settled)
-    if settled is pointer_moves.Settlement.UNFINISHED:
+    unfinished, etag = pointer_moves.resume(store, Pointer.MODEL, published, lambda p: p.validation == uri)
+    if unfinished:
         promote_model(store, published, etag)
