@@ -84,7 +84,8 @@ class Day:
         result = self.timed(
             "distill", lambda: distill.run(config.parse(distill.DistillParams, {**trained, **self.training}))
         )
-        self.record["trained_rows"] += result.stats["train_rows"] * self.training.get("epochs", 1)
+        epochs = result.stats["train_rows"] * self.training.get("epochs", 1)
+        self.record["trained_rows"] += min(epochs, result.stats["steps"] * self.training["batch_size"])
         self.record.update(trained_partitions=len(planned.partitions), basis_kept=planned.pca_basis is not None)
         published = manifest.read(self.store, Stage.DISTILL, name)
         validation = catalog.manifest_uri(self.store, Stage.VALIDATE, name)
