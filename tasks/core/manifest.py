@@ -484,10 +484,15 @@ class StageRun:
         """The manifest published for this stage and key, if any (:class:`ManifestError` when not valid)."""
         return self._published.valid()
 
+    def replaced(self) -> Manifest | None:
+        """The manifest this run replaces, as read when the run first looked for it (None: none, or a corrupt one);
+        what a concurrent run published since is not it, so the publish's compare-and-swap settles the race."""
+        return self._published.seen()
+
     def previous_outputs(self) -> set[str]:
         """URIs listed by the manifest this run replaces, as read when the run first looked for it.
         A corrupt manifest lists nothing: a forced run replaces it and deletes no shard on its word."""
-        replaced = self._published.seen()
+        replaced = self.replaced()
         return {o.uri for o in replaced.outputs} if replaced else set()
 
     def completed(self) -> Manifest | None:  # the published manifest if the work is done, its outputs intact

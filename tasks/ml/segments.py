@@ -62,6 +62,10 @@ class Segment:
         return int(self.ids.rows or 0)
 
     @property
+    def dim(self) -> int:
+        return int(self.stats["dim"])
+
+    @property
     def name(self) -> str:
         days = sorted(self.partitions)
         return days[0] if len(days) == 1 else f"{days[0]}_{days[-1]}"

@@ -116,7 +116,11 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
         return skipped
     builder = _Builder(params, stage_run, distilled, progress, force)
     try:
-        result = _published_version(builder, staged, distill_uri, seen_etag)
+        listed, kept = builder.version(staged, distill_uri)
+        stage_run.stats = _version_stats(listed, kept, builder.rows_encoded)
+        if params.promote:
+            stage_run.stats |= promotion.Promotion(seen_etag).as_stats()
+        result = _published(stage_run, builder.prefix, listed)
     except BaseException:
         _discard(stage_run)  # a failed or refused build leaves nothing no manifest lists
         raise
@@ -124,23 +128,16 @@ def run(params: BuildIndexParams, force: bool = False, progress: bool = False) -
     if result.manifest.run_id != stage_run.run_id:  # a concurrent identical build published first: its version stands
         _discard(stage_run)
     if params.promote:
-        assert result.manifest is not None
         promote(params.store, result.manifest, seen_etag)
     return result
 
 
-def _published_version(
-    builder: _Builder, staged: dict[str, list[manifest.Output]], distill_uri: str, seen_etag: str | None
-) -> manifest.StageResult:
-    """Build the version's segments, write its table and publish its manifest (listing every segment's files)."""
-    params, stage_run = builder.params, builder.stage_run
-    listed, kept = builder.version(staged, distill_uri)
-    recorded = promotion.Promotion(seen_etag).as_stats() if params.promote else {}
-    stage_run.stats = {**_version_stats(listed, kept, builder.rows_encoded), **recorded}
+def _published(stage_run: manifest.StageRun, prefix: str, listed: list[Segment]) -> manifest.StageResult:
+    """Write the version's segment table under ``prefix`` and publish its manifest, listing every segment's files."""
     for segment in segments.ordered(listed):
         stage_run.outputs.extend(segment.outputs)
-    table = segments.table_bytes(params.store, stage_run.stats["dim"], listed)
-    stage_run.write_output(storage.join(builder.prefix, segments.TABLE_FILE), table)
+    table = segments.table_bytes(stage_run.store, listed[0].dim, listed)
+    stage_run.write_output(storage.join(prefix, segments.TABLE_FILE), table)
     return stage_run.publish()
 
 
@@ -228,7 +225,7 @@ def _version_stats(listed: list[Segment], kept: list[Segment], rows_encoded: int
     """The version's record: its size, the rows this run encoded, the lowest segment recall, each segment built."""
     return {
         "rows": sum(s.rows for s in listed),
-        "dim": listed[0].stats["dim"],
+        "dim": listed[0].dim,
         "bytes": sum(s.index.bytes for s in listed),
         "segments": len(listed),
         "segments_kept": sum(s in kept for s in listed),

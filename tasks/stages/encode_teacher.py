@@ -279,7 +279,7 @@ def _reusable(params: EncodeTeacherParams, stage_run: manifest.StageRun) -> dict
     """Embeddings the key's previous published run computed with the same settings (its sample aside), by
     sentence id, read verified: a shard whose sample grew encodes only the rows it added. Empty when there is
     none, or it does not read (then everything is encoded again)."""
-    previous = stage_run.previous()
+    previous = stage_run.replaced()
     if previous is None or len(previous.outputs) != 1:
         return {}
     recorded = manifest.recorded_params(stage_run.params)
