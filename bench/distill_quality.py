@@ -59,6 +59,7 @@ LEVERS: dict[str, dict[str, Any]] = {
     "lr 3e-5": {"lr": 3e-5},
     "loss: MSE + cosine term (weight 1)": {"cosine_weight": 1.0},
     "loss: MSE + similarity-structure term (weight 1)": {"structure_weight": 1.0},
+    "loss: MSE + in-batch neighbourhood KL (weight 1, temperature 0.05)": {"relation_weight": 1.0},
     "weights of the best STS dev score": {"select_on": "sts_dev"},
     "embeddings and 3 lower layers frozen": {"freeze_layers": 3},
     "max_seq_length 32": {"max_seq_length": 32},

@@ -165,6 +165,15 @@ class DistillParams(StageParams):
     structure_weight: float = Field(
         0.0, ge=0, description="weight of an in-batch similarity term: MSE of the pairwise cosine matrices"
     )
+    relation_weight: float = Field(
+        0.0,
+        ge=0,
+        description="weight of an in-batch neighbourhood term: KL divergence from the targets' to the student's "
+        "softmax over each row's cosine similarities to the batch's other rows",
+    )
+    relation_temperature: float = Field(
+        0.05, gt=0, description="temperature of the neighbourhood term's softmax (lower: sharper neighbourhoods)"
+    )
     select_on: Literal["val_mse", "sts_dev"] = Field(
         "sts_dev",
         description="what picks the exported weights and stops early: validation MSE, or mean STS-B/SICK-R dev",

@@ -16,7 +16,7 @@ from tasks.stages import distill
 from tasks.stages.distill.data import Position, TrainingData, length_grouped, shard_pairs
 from tasks.stages.distill.distributed import Distributed
 from tasks.stages.distill.evaluation import Evaluation
-from tasks.stages.distill.objective import HPDLoss, extra_loss
+from tasks.stages.distill.objective import HPDLoss, extra_loss, neighbourhood_kl
 from tasks.stages.distill.run_log import RunLog
 from tasks.stages.distill.sampler import HPDBatchSampler, Order
 from tasks.stages.distill.state import TrainState
@@ -252,3 +252,25 @@ def test_bf16_autocasts_the_forward_pass_on_the_cpu(prepared, monkeypatch, amp, 
     monkeypatch.setattr(HPDLoss, "forward", recorded)
     result = distill.run(_params(prepared, amp=amp, max_steps=2, name=f"amp-{amp}"))
     assert result.stats["amp"] == amp and result.stats["steps"] == 2 and seen == autocast
+
+
+def test_the_neighbourhood_term_sees_who_is_near_whom_not_where():
+    """Zero when the student's neighbourhoods are the targets' (whatever the scale or a rotation), positive when
+    they differ, and larger the more they differ; it needs three rows (two have no distribution over others)."""
+    goal = torch.tensor([[1.0, 0.0, 0.0], [0.9, 0.1, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    rotation = torch.linalg.qr(torch.randn(3, 3, generator=torch.Generator().manual_seed(0)))[0]
+    assert float(neighbourhood_kl(2 * goal @ rotation, goal, 0.05)) == pytest.approx(0, abs=1e-4)
+    swapped = goal[[2, 1, 0, 3]]  # row 0's near neighbour is row 1 in the targets; in the student, row 2's is
+    mixed = neighbourhood_kl(swapped, goal, 0.05)
+    noise = torch.randn(4, 3, generator=torch.Generator().manual_seed(1))
+    slightly, more = (float(neighbourhood_kl(goal + scale * noise, goal, 0.05)) for scale in (0.01, 0.1))
+    assert 0 < slightly < more < float(mixed)
+
+
+def test_the_neighbourhood_term_is_added_by_its_weight(prepared):
+    goal = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]])
+    output = goal[[2, 0, 1]]
+    off = extra_loss(_trainer(prepared).params, output, goal)
+    on = extra_loss(_trainer(prepared, relation_weight=2.0, relation_temperature=0.1).params, output, goal)
+    assert float(off) == 0.0
+    assert float(on) == pytest.approx(2.0 * float(neighbourhood_kl(output, goal, 0.1)), rel=1e-6) and float(on) > 0

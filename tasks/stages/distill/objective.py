@@ -1,5 +1,6 @@
-"""What a distillation run minimises: the MSE to the targets, plus optionally a (1 - cosine) term and an in-batch
-similarity-structure term; as a loss module for sentence-transformers' trainer (:class:`HPDLoss`)."""
+"""What a distillation run minimises: the MSE to the targets, plus optionally a (1 - cosine) term, an in-batch
+similarity-structure term and an in-batch neighbourhood (relational KL) term; as a loss module for
+sentence-transformers' trainer (:class:`HPDLoss`)."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ class HPDLoss(torch.nn.Module):
 
 
 def extra_loss(params: DistillParams, output: Any, goal: Any) -> Any:
-    """The cosine and similarity-structure terms, summed over these rows (0 when both are off)."""
+    """The cosine, similarity-structure and neighbourhood terms, summed over these rows (0 when all are off)."""
     import torch.nn.functional as F
 
     total = output.new_zeros(())
@@ -47,4 +48,21 @@ def extra_loss(params: DistillParams, output: Any, goal: Any) -> Any:
     if params.structure_weight and len(output) > 1:
         student_sims, target_sims = (F.normalize(x, dim=1) @ F.normalize(x, dim=1).T for x in (output, goal))
         total = total + params.structure_weight * ((student_sims - target_sims) ** 2).mean(dim=1).sum()
+    if params.relation_weight and len(output) > 2:
+        total = total + params.relation_weight * neighbourhood_kl(output, goal, params.relation_temperature)
     return total
+
+
+def neighbourhood_kl(output: Any, goal: Any, temperature: float) -> Any:
+    """KL(targets || student) of each row's softmax over its cosine similarities to the batch's other rows (at
+    ``temperature``), summed over the rows and scaled by ``temperature**2`` so its gradient keeps its size across
+    temperatures (as in Hinton et al.'s distillation): it teaches who a sentence's neighbours are, not its
+    coordinates."""
+    import torch.nn.functional as F
+
+    others = ~torch.eye(len(output), dtype=torch.bool, device=output.device)
+    student, target = (
+        F.log_softmax((F.normalize(x, dim=1) @ F.normalize(x, dim=1).T)[others].view(len(x), -1) / temperature, dim=1)
+        for x in (output, goal)
+    )
+    return temperature**2 * F.kl_div(student, target, reduction="sum", log_target=True)

@@ -31,7 +31,7 @@ class RunLog:
         self.logger.info(
             "distill %s: training steps %d to %d of %d rows each (%d micro-batch(es)), %d epoch(s) of %d rows, "
             "%d validation rows, k=%d, lr %.3g, device %s, amp %s, %d process(es); loss mse + %g cosine + %g "
-            "structure, %d frozen layer(s), selecting on %s",
+            "structure + %g neighbourhood, %d frozen layer(s), selecting on %s",
             self.name,
             state.step + 1,
             plan.total_steps,
@@ -47,6 +47,7 @@ class RunLog:
             plan.world,
             params.cosine_weight,
             params.structure_weight,
+            params.relation_weight,
             params.freeze_layers,
             params.select_on,
         )
