@@ -51,7 +51,8 @@ HELP = {
 DESCRIPTION = "run the pipeline's stages outside Airflow, search and serve the index, inspect the store"
 MAX_HITS = 1000
 # What a stage command's options hold beside its parameters: how to run it, not what it computes.
-_RUN_OPTIONS = ("command", "force", "quiet", "table", "log_level")
+_RUN_OPTIONS = ("command", "force", "quiet", "output", "log_level")
+OUTPUTS = ("json", "table")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Libraries that log routine chatter as INFO or WARNING (FAISS's loader lines, transformers' and torch's notices,
@@ -143,10 +144,8 @@ def build_parser() -> argparse.ArgumentParser:
             action="store_true",
             help="no progress bars, even on a terminal (progress is logged at intervals)",
         )
-        stage_parser.set_defaults(table=False)  # only drift offers --table
-    sub.choices[command_name(Stage.DRIFT)].add_argument(
-        "--table", action="store_true", help="print the comparison as a table instead of the JSON summary"
-    )
+        shown = "the verdict and both profiles side by side" if stage == Stage.DRIFT else "the summary, a row a field"
+        _add_output(stage_parser, "json", "the run's summary (manifest, skipped, stats, outputs)", shown)
     search = sub.add_parser(
         "search",
         help="nearest corpus sentences from the current index",
@@ -158,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-k", type=_bounded(1, MAX_HITS), default=5, help=f"how many results, 1-{MAX_HITS} (default: 5)"
     )
     search.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
+    _add_output(search, "table", "each hit's rank, score, sentence id and text", "a line a hit: rank, score, text")
     search.add_argument(
         "--local",
         action="store_true",
@@ -251,7 +251,7 @@ def _add_lineage_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     lineage.add_argument(
         "--impacted", metavar="PARTITION_OR_SOURCE", help="a partition (ingest_date=YYYY-MM-DD) or a source / object"
     )
-    lineage.add_argument("--json", action="store_true", help="print JSON instead of the tree")
+    _add_output(lineage, "table", "the trace as a record", "the trace as a tree")
     lineage.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
 
 
@@ -280,8 +280,14 @@ def _add_runs_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     comparing.add_argument("a", type=_run_name, metavar="A", help="a model run (distill run name)")
     comparing.add_argument("b", type=_run_name, metavar="B", help="the model run to compare it with")
     for parser in (listing, comparing):
-        parser.add_argument("--json", action="store_true", help="print JSON instead of the table")
+        _add_output(parser, "table", "the runs as records", "a row a run, or a row a field")
         parser.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
+
+
+def _add_output(parser: argparse.ArgumentParser, default: str, as_json: str, as_table: str) -> None:
+    """The one output option of every command that prints a result: ``-o/--output json|table``."""
+    help_text = f"json: {as_json}; table: {as_table} (default: {default})"
+    parser.add_argument("-o", "--output", choices=OUTPUTS, default=default, help=help_text)
 
 
 def _run_name(text: str) -> str:
@@ -297,17 +303,19 @@ def _add_demo_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         help="run the DAG chain with `airflow dags test` on a corpus sample",
         description="run hpd_ingest, hpd_retrain, hpd_index and hpd_quality_report with "
         "`airflow dags test` (SQLite metadata), then print where the outputs are",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
         parents=[common],
     )
     demo.set_defaults(**DEMO_DEFAULTS)
     demo.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
-    demo.add_argument("--airflow-home", help="AIRFLOW_HOME of the demo's Airflow")
-    demo.add_argument("--rows", type=int, help="corpus sentences to ingest")
-    demo.add_argument("--date", type=date.fromisoformat, help="the partition's day")
-    demo.add_argument("--dags-folder", help="the DAG files (the checkout's dags/)")
-    demo.add_argument("--source", help="the corpus to sample (the checkout's vendored corpus)")
-    demo.add_argument("--query", help="a sample search on the new index")
+    demo.add_argument(
+        "--airflow-home", help=f"AIRFLOW_HOME of the demo's Airflow (default: {DEMO_DEFAULTS['airflow_home']})"
+    )
+    demo.add_argument("--rows", type=int, help=f"corpus sentences to ingest (default: {DEMO_DEFAULTS['rows']})")
+    demo.add_argument("--date", type=date.fromisoformat, help=f"the partition's day (default: {DEMO_DEFAULTS['date']})")
+    demo.add_argument("--dags-folder", help=f"the DAG files (default: the checkout's {DEMO_DEFAULTS['dags_folder']})")
+    demo.add_argument("--source", help=f"the corpus to sample (default: the checkout's {DEMO_DEFAULTS['source']})")
+    demo.add_argument("--query", help=f"a sample search on the new index (default: {DEMO_DEFAULTS['query']!r})")
+    _add_output(demo, "table", "the chain's seconds, its outputs and the search's hits", "the same as lines")
 
 
 def _bounded(low: int, high: int) -> typing.Callable[[str], int]:
@@ -350,11 +358,16 @@ def _demo(args: argparse.Namespace) -> int:
     except (demo.DemoError, ValueError, StorageError) as exc:
         _error(exc)
         return 1
-    print(f"\nThe DAG chain finished in {time.perf_counter() - start:.0f} s.")
+    seconds, hits = time.perf_counter() - start, vector_index.search(store, args.query, 3)
+    if args.output == "json":
+        record = {"seconds": round(seconds, 1), "outputs": where, "query": args.query}
+        print(json.dumps({**record, "hits": [hit.to_dict() for hit in hits]}, indent=2))
+        return 0
+    print(f"\nThe DAG chain finished in {seconds:.0f} s.")
     for name, uri in where.items():
         print(f"{name + ':':<40}{uri}")
     print(f"\nhpd search {args.query!r}:")
-    for hit in vector_index.search(store, args.query, 3):
+    for hit in hits:
         print(hit.line())
     return 0
 
@@ -374,6 +387,9 @@ def _search(args: argparse.Namespace) -> int:
     except (ValueError, StorageError) as exc:
         _error(exc)
         return 1
+    if args.output == "json":
+        print(json.dumps([hit.to_dict() for hit in hits], indent=2))
+        return 0
     for hit in hits:
         print(hit.line())
     return 0
@@ -417,7 +433,7 @@ def _lineage(args: argparse.Namespace) -> int:
     except (ValueError, StorageError) as exc:
         _error(exc)
         return 1
-    print(json.dumps(record, indent=2) if args.json else text)
+    print(json.dumps(record, indent=2) if args.output == "json" else text)
     return 0
 
 
@@ -436,7 +452,7 @@ def _runs(args: argparse.Namespace) -> int:
     except (ValueError, StorageError) as exc:
         _error(exc)
         return 1
-    print(json.dumps(record, indent=2) if args.json else text)
+    print(json.dumps(record, indent=2) if args.output == "json" else text)
     return 0
 
 
@@ -445,7 +461,7 @@ def _run_stage(stage: Stage, args: argparse.Namespace) -> int:
     try:
         params = config.parse(registry.STAGES[stage], values)
     except config.ConfigError as exc:
-        _error(exc)
+        _error(ValueError(_by_flag(exc)))
         return 2
     module = registry.module(stage)
     bars = not args.quiet and sys.stderr.isatty()
@@ -455,17 +471,45 @@ def _run_stage(stage: Stage, args: argparse.Namespace) -> int:
     except (ValueError, StorageError) as exc:
         _error(exc)
         return 1
-    if args.table:
-        print(module.render(result.manifest.key, result.stats))
-        return 0
     summary = {
         "manifest": result.manifest_uri,
         "skipped": result.skipped,
         "stats": result.stats,
         "outputs": len(result.outputs),
     }
-    print(json.dumps(summary, indent=2))
+    if args.output == "json":
+        print(json.dumps(summary, indent=2))
+    elif stage == Stage.DRIFT:
+        print(module.render(result.manifest.key, result.stats))
+    else:
+        print(_rows(summary))
     return 0
+
+
+def _by_flag(exc: config.ConfigError) -> str:
+    """A parameter error as the command line gave it: each problem led by its flag (with a list item's position,
+    from 1); a problem of the options together, alone."""
+    shown = []
+    for where, problem in exc.problems:
+        if not where:
+            shown.append(problem)
+            continue
+        name, *inner = where
+        items = "".join(f" (item {int(part) + 1})" if part.isdigit() else f".{part}" for part in inner)
+        shown.append(f"--{name.replace('_', '-')}{items}: {problem}")
+    return "; ".join(shown) or str(exc)
+
+
+def _rows(record: dict[str, Any], prefix: str = "") -> str:
+    """A record as a two-column table: each leaf's dotted name and its value (a list of records: its length)."""
+    lines = []
+    for name, value in record.items():
+        if isinstance(value, dict) and value:
+            lines.append(_rows(value, f"{prefix}{name}."))
+        else:
+            shown = json.dumps(value) if isinstance(value, (list, dict, type(None))) else str(value)
+            lines.append(f"{prefix + name:<40}  {shown}")
+    return "\n".join(lines)
 
 
 def _error(exc: BaseException) -> None:

@@ -59,7 +59,9 @@ def test_a_stage_logs_on_stderr_and_prints_only_its_summary_on_stdout(tmp_path):
 def test_bad_parameters_exit_2_naming_each(tmp_path, capsys):
     assert cli.main(["stage-corpus", "--source", "x", "--ingest-date", "soon", "--max-chars", "0"]) == 2
     err = capsys.readouterr().err
-    assert "ingest_date" in err and "max_chars" in err
+    assert err.count("\n") == 1 and err.startswith("hpd: error: ") and "Params" not in err
+    assert "--ingest-date: Input should be a valid date" in err and "(got 'soon')" in err
+    assert "--max-chars: Input should be greater than 0 (got '0')" in err
 
 
 def test_bad_input_exits_1_naming_it(tmp_path, capsys):
@@ -187,7 +189,8 @@ def test_path_like_names_exit_2_naming_the_field_and_write_nothing(tmp_path, cap
     store = tmp_path / "store"
     assert cli.main([*argv, "--store", str(store), "--quiet"]) == 2
     err = capsys.readouterr().err
-    assert f"  {field}: String should match pattern" in err and f"(got {argv[-1]!r})" in err
+    flag = "--" + field.replace("_", "-")
+    assert f"{flag}: String should match pattern" in err and f"(got {argv[-1]!r})" in err
     assert not store.exists()
     assert list(tmp_path.iterdir()) == []  # nor anything beside it (where '../x' would lead)
 
@@ -203,7 +206,8 @@ def test_every_command_and_option_has_help():
     for path, parser in completion.commands(cli.build_parser()).items():
         for action in parser._actions:
             names = "/".join(action.option_strings) or action.dest
-            if not action.help or action.help == argparse.SUPPRESS:
+            described = re.sub(r"\(default: [^)]*\)", "", action.help or "").strip()
+            if not described or action.help == argparse.SUPPRESS:  # a default alone describes nothing
                 missing.append(f"hpd {path.replace('/', ' ')} {names}")
             if isinstance(action, argparse._SubParsersAction):
                 described = {choice.dest for choice in action._choices_actions if choice.help}
@@ -263,11 +267,38 @@ def test_bash_completion_offers_commands_options_and_choices(capsys):
     assert top <= set(_complete(script, ""))
     assert _complete(script, "se") == ["search", "serve"]
     assert _complete(script, "runs", "")[:2] == ["list", "compare"]
-    assert _complete(script, "runs", "compare", "--j") == ["--json"]
+    assert _complete(script, "runs", "compare", "--o") == ["--output"]
     assert _complete(script, "distill", "--amp", "") == ["auto", "off", "bf16", "fp16"]
     assert _complete(script, "--log-level", "WARNING", "serve", "--query-encoder", "t") == ["torch"]
     options = {o for a in commands["build-index"]._actions for o in a.option_strings}
-    assert set(_complete(script, "build-index", "--")) == options - {"-h"}
+    assert set(_complete(script, "build-index", "--")) == {o for o in options if o.startswith("--")}
     assert _complete(script, "search", "--store", "") == []  # a value: bash completes file names (-o default)
     assert cli.main(["completion", "zsh"]) == 0
     assert capsys.readouterr().out.startswith("# hpd completion for zsh")
+
+
+def test_every_command_that_prints_a_result_takes_one_output_option():
+    """-o/--output json|table: on every stage, search, lineage, runs list/compare and demo; none of the older
+    --json or --table flags."""
+    printing = set()
+    for path, parser in completion.commands(cli.build_parser()).items():
+        flags = {flag for action in parser._actions for flag in action.option_strings}
+        assert not flags & {"--json", "--table"}, path
+        output = [action for action in parser._actions if "--output" in action.option_strings]
+        if output:
+            assert output[0].option_strings == ["-o", "--output"] and output[0].choices == ("json", "table")
+            printing.add(path)
+    stages = {cli.command_name(stage) for stage in STAGES}
+    assert printing == stages | {"search", "lineage", "runs/list", "runs/compare", "demo"}
+
+
+def test_a_stage_prints_its_summary_as_json_or_as_a_table(tmp_path, capsys):
+    source = tmp_path / "raw.txt"
+    source.write_text("one\ntwo\n")
+    argv = ["stage-corpus", "--source", str(source), "--ingest-date", "2026-11-30", "--store", str(tmp_path / "s")]
+    assert cli.main([*argv, "--quiet", "-o", "json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert cli.main([*argv, "--quiet", "--output", "table"]) == 0
+    rows = dict(line.split(None, 1) for line in capsys.readouterr().out.splitlines())
+    assert rows["manifest"] == summary["manifest"] and rows["skipped"] == "True"
+    assert rows["stats.rows_written"] == "2" and rows["outputs"] == str(summary["outputs"])

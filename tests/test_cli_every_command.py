@@ -29,7 +29,7 @@ def _cases(store: str, folder: Path) -> dict[str, tuple[tuple[str, ...], int, st
         "build-index": (("build-index", "--store", store), 1, "no promoted model"),
         "quality": (("quality", "--store", store, *DAY), 1, "nothing staged for ingest_date=2026-11-30"),
         "drift": (("drift", "--store", store, *DAY), 1, "no promoted model"),
-        "gc": (("gc", "--store", store, "--retention-hours", "-1"), 2, "retention_hours"),
+        "gc": (("gc", "--store", store, "--retention-hours", "-1"), 2, "--retention-hours"),
         "search": (("search", "a query", "--store", store, "--local"), 1, "no index promoted yet"),
         "serve": (("serve", "--store", store, "--port", "70000"), 2, "--port"),
         "demo": (("demo", "--store", store, "--source", missing), 1, missing),

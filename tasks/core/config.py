@@ -27,7 +27,12 @@ def default_store() -> str:
 
 
 class ConfigError(ValueError):
-    """Stage parameters that fail validation; the message names each wrong field."""
+    """Stage parameters that fail validation; the message names each wrong field, and ``problems`` holds each
+    as (the parameter's path: its name, then list positions; empty for the parameters as a whole, the problem)."""
+
+    def __init__(self, message: str, problems: tuple[tuple[tuple[str, ...], str], ...] = ()) -> None:
+        super().__init__(message)
+        self.problems = problems
 
 
 class StageParams(BaseModel):
@@ -55,9 +60,10 @@ def parse(model: type[P], values: dict[str, Any]) -> P:
         return model.model_validate(values)
     except ValidationError as exc:
         problems = []
-        for error in exc.errors():
-            where = ".".join(str(part) for part in error["loc"]) or "(parameters)"
+        for error in exc.errors(include_url=False):
             given = error.get("input")
             shown = "" if isinstance(given, dict) or error["type"] == "missing" else f" (got {redact(repr(given))})"
-            problems.append(f"  {where}: {error['msg']}{shown}")
-        raise ConfigError(f"invalid {model.__name__} parameters:\n" + "\n".join(problems)) from None
+            message = error["msg"].removeprefix("Value error, ")  # a validator's own words
+            problems.append((tuple(str(part) for part in error["loc"]), f"{message}{shown}"))
+        listed = "; ".join(f"{'.'.join(where) or 'the parameters'}: {problem}" for where, problem in problems)
+        raise ConfigError(f"invalid parameters: {listed}", tuple(problems)) from None

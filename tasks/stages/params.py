@@ -61,7 +61,7 @@ class AugmentParams(StageParams):
     ingest_date: date = Field(description="the sentences partition to augment")
     methods: list[Method] = Field(["wordnet"], min_length=1, description="augmentation methods to apply")
     fraction: float = Field(1.0, gt=0, le=1, description="share of sentences each method augments")
-    seed: int = 0
+    seed: int = Field(0, description="seed of which sentences each method varies and how")
     synonym_rate: float = Field(0.2, gt=0, le=1, description="wordnet: share of content words replaced")
     delete_rate: float = Field(0.1, gt=0, lt=1, description="delete: probability of dropping each word")
     swaps: int = Field(1, gt=0, description="swap: number of word swaps")
@@ -74,10 +74,10 @@ class AugmentParams(StageParams):
     sample_seed: int = Field(0, description="seed of the teacher sample's order (encode-teacher's sample_seed)")
     translate_forward: str | None = Field(None, description="back_translation: en->X model folder")
     translate_backward: str | None = Field(None, description="back_translation: X->en model folder")
-    translate_batch_size: int = Field(16, gt=0)
+    translate_batch_size: int = Field(16, gt=0, description="back_translation: sentences per translation batch")
     translate_beams: int = Field(1, gt=0, description="beam size (1: greedy, deterministic)")
-    translate_max_tokens: int = Field(128, gt=0)
-    shard_rows: int = Field(50_000, gt=0)
+    translate_max_tokens: int = Field(128, gt=0, description="back_translation: most tokens a translation may have")
+    shard_rows: int = Field(50_000, gt=0, description="most rows a written Parquet shard holds")
 
     @model_validator(mode="after")
     def _translation_models(self) -> AugmentParams:
@@ -107,7 +107,7 @@ class EncodeTeacherParams(StageParams):
         16, gt=0, description="rows per forward pass (sorted by length): small batches pad less on a CPU; more on a GPU"
     )
     threads: int | None = Field(None, gt=0, description="torch intra-op threads (default: torch's)")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to encode; auto: cuda when available")
     max_seq_length: int | None = Field(None, gt=0, description="default: the model's own")
     shards: list[int] | None = Field(None, description="encode only these input shard positions")
 
@@ -145,19 +145,19 @@ class DistillParams(StageParams):
         description="start from this distill run's exported student (its transformer; the head is initialised "
         "again by init) instead of the student model",
     )
-    activation: Activation = "tanh"
+    activation: Activation = Field("tanh", description="the Dense head's activation (the paper's: tanh)")
     init: Init = Field("ridge", description="Dense head initialisation: ridge, pca or random")
     init_rows: int = Field(4096, gt=1, description="training rows sampled to fit the ridge/pca init")
-    ridge_alpha: float = Field(1.0, gt=0)
+    ridge_alpha: float = Field(1.0, gt=0, description="ridge init: the L2 penalty of the least-squares fit")
     lr: float = Field(1e-4, gt=0, description="peak learning rate (AdamW, after the warm-up)")
     batch_size: int = Field(256, gt=0, description="global batch per optimizer step")
     grad_accum: int = Field(1, gt=0, description="micro-batches per optimizer step")
     epochs: int = Field(5, gt=0, description="passes over the training rows (max_steps stops sooner)")
     max_steps: int | None = Field(None, gt=0, description="stop after this many optimizer steps")
-    warmup_ratio: float = Field(0.1, ge=0, lt=1)
-    weight_decay: float = Field(0.01, ge=0)
-    max_grad_norm: float = Field(1.0, gt=0)
-    max_seq_length: int = Field(128, gt=0)
+    warmup_ratio: float = Field(0.1, ge=0, lt=1, description="share of the steps the learning rate warms up over")
+    weight_decay: float = Field(0.01, ge=0, description="AdamW's decoupled weight decay")
+    max_grad_norm: float = Field(1.0, gt=0, description="clip the gradient's global L2 norm to this")
+    max_seq_length: int = Field(128, gt=0, description="tokens a training sentence is cut to")
     dropout: float | None = Field(None, ge=0, lt=1, description="override the student's dropout")
     length_grouped: bool = Field(True, description="batches of sentences of similar length (less padding)")
     freeze_layers: int = Field(0, ge=0, description="train neither the embeddings nor the first N layers")
@@ -189,14 +189,14 @@ class DistillParams(StageParams):
         "quantises its weights and falls back to fp32 when it loses more than 0.3 STS dev points",
     )
     amp: Literal["auto", "off", "bf16", "fp16"] = Field("auto", description="auto: bf16 on CUDA, off on CPU")
-    device: Literal["auto", "cpu", "cuda"] = "auto"
-    threads: int | None = Field(None, gt=0)
-    val_fraction: float = Field(0.02, gt=0, lt=1)
-    val_max_rows: int = Field(2000, gt=0)
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="where to train; auto: cuda when available")
+    threads: int | None = Field(None, gt=0, description="torch intra-op threads (default: torch's)")
+    val_fraction: float = Field(0.02, gt=0, lt=1, description="share of the rows held out to validate on")
+    val_max_rows: int = Field(2000, gt=0, description="most validation rows")
     eval_every: int | None = Field(None, gt=0, description="validate every N steps (default: about 20 times a run)")
     patience: int | None = Field(None, gt=0, description="evaluations without improvement before stopping")
-    checkpoint_every: int = Field(200, gt=0)
-    seed: int = 0
+    checkpoint_every: int = Field(200, gt=0, description="steps between checkpoints (a rerun resumes from the last)")
+    seed: int = Field(0, description="seed of the initialisation, the batches' order and dropout")
     name: AutoRunName = Field("", description="run name (default: <student>-<pca_name>)")
 
     @model_validator(mode="after")
@@ -234,7 +234,7 @@ class BuildIndexParams(StageParams):
     partitions: list[date] | None = Field(None, description="corpus partitions (default: every staged one)")
     index_type: IndexType = Field("auto", description="auto chooses by corpus size")
     sq8: bool = Field(False, description="store int8 scalar-quantised codes instead of float32")
-    hnsw_m: int = Field(32, gt=1)
+    hnsw_m: int = Field(32, gt=1, description="HNSW: links per vector (M); more: better recall, a larger index")
     hnsw_ef_search: int = Field(16, gt=0, description="HNSW candidates kept in a search (efSearch): the first tried")
     nlist: int | None = Field(None, gt=0, description="IVF lists (default: 4 sqrt(n))")
     nprobe: int = Field(16, gt=0, description="IVF lists searched: the first tried")
@@ -265,7 +265,7 @@ class BuildIndexParams(StageParams):
     batch_size: int = Field(
         32, gt=0, description="rows per student forward pass, over all pending shards sorted by length"
     )
-    dtype: Literal["fp32", "bf16"] = "fp32"
+    dtype: Literal["fp32", "bf16"] = Field("fp32", description="the student's compute dtype as it encodes the corpus")
     name: AutoRunName = Field("", description="index name (default: the model run)")
     promote: bool = Field(True, description="move indexes/current.json to the new index")
 
@@ -274,9 +274,9 @@ class QualityParams(StageParams):
     ingest_date: date = Field(description="the partition to check")
     teacher: TeacherSpec | None = Field(DEFAULT_TEACHER_SPEC, description="also check this teacher's embeddings")
     teacher_dim: int | None = Field(None, gt=0, description="expected teacher dimension (default: as recorded)")
-    max_chars: int = Field(1000, gt=0)
-    min_norm: float = Field(0.5, ge=0, description="embedding L2 norm bounds")
-    max_norm: float = Field(1.5, gt=0)
+    max_chars: int = Field(1000, gt=0, description="longest sentence (characters) the check accepts")
+    min_norm: float = Field(0.5, ge=0, description="smallest acceptable embedding L2 norm")
+    max_norm: float = Field(1.5, gt=0, description="largest acceptable embedding L2 norm")
     pca_name: RunName | None = Field(None, description="also check the targets of this PCA run")
     min_variance: float = Field(1e-8, ge=0, description="smallest acceptable per-dimension target variance")
 

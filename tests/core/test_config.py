@@ -23,6 +23,14 @@ def test_every_wrong_value_is_named():
     with pytest.raises(config.ConfigError) as err:
         config.parse(StageCorpusParams, {"ingest_date": "yesterday", "shard_rows": 0, "format": "xml", "colour": "red"})
     message = str(err.value)
+    assert "\n" not in message and "StageCorpusParams" not in message
     for name in ("source", "ingest_date", "shard_rows", "format", "colour"):
-        assert f"  {name}:" in message
+        assert f" {name}: " in message
     assert "'yesterday'" in message
+    assert [where for where, _ in err.value.problems] == [
+        ("source",),
+        ("ingest_date",),
+        ("format",),
+        ("shard_rows",),
+        ("colour",),
+    ]

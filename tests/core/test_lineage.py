@@ -203,11 +203,11 @@ def test_impacted_by_one_shard_leaves_out_the_other_shards_runs(indexed):
 def test_json_round_trips(indexed, capsys):
     store, _ = indexed
     capsys.readouterr()
-    assert cli.main(["lineage", "indexes/current.json", "--json", "--store", store]) == 0
+    assert cli.main(["lineage", "indexes/current.json", "-o", "json", "--store", store]) == 0
     record = json.loads(capsys.readouterr().out)
     assert lineage.Lineage.from_dict(record) == lineage.trace(store, "indexes/current.json")
     assert record["partitions"] == ["2026-11-01"]
-    assert cli.main(["lineage", "--impacted", "ingest_date=2026-11-01", "--json", "--store", store]) == 0
+    assert cli.main(["lineage", "--impacted", "ingest_date=2026-11-01", "-o", "json", "--store", store]) == 0
     record = json.loads(capsys.readouterr().out)
     assert [lineage.Impacted.from_dict(r) for r in record["runs"]] == lineage.impacted(store, "2026-11-01")
 

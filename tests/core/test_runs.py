@@ -85,9 +85,9 @@ def test_compare_with_a_run_not_validated(store):
 
 def test_json_round_trips(store, capsys):
     capsys.readouterr()
-    assert cli.main(["runs", "list", "--json", "--store", store]) == 0
+    assert cli.main(["runs", "list", "-o", "json", "--store", store]) == 0
     assert [runs.Run.from_dict(r) for r in json.loads(capsys.readouterr().out)] == runs.list_runs(store)
-    assert cli.main(["runs", "compare", "slow", "fresh", "--json", "--store", store]) == 0
+    assert cli.main(["runs", "compare", "slow", "fresh", "-o", "json", "--store", store]) == 0
     record = json.loads(capsys.readouterr().out)
     assert runs.Comparison.from_dict(record) == runs.compare(store, "slow", "fresh")
     assert (

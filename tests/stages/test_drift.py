@@ -119,7 +119,7 @@ def test_hpd_drift_prints_the_comparison(prepared, capsys):
     from tasks import cli
 
     argv = ["drift", "--store", prepared["store"], "--ingest-date", RANDOM.isoformat()]
-    assert cli.main([*argv, "--table"]) == 0
+    assert cli.main([*argv, "--output", "table"]) == 0
     table = capsys.readouterr().out
     assert table.startswith(f"ingest_date={RANDOM} against the training data of trained ({TRAINED}): score ")
     assert table.splitlines()[0].endswith(": DRIFT") and "reconstruction_error" in table and "vocabulary " in table

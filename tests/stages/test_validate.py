@@ -75,6 +75,7 @@ def test_first_run_compares_with_the_baseline_and_promotes(store, tmp_path, capl
     ) in lines
     report = next(o.uri for o in result.outputs if o.uri.endswith("/report.html"))
     assert f"validate good: report {report}" in lines and "gate passed: all checks passed" in lines
+    assert any(line.startswith("validate good STS: finished 12/12 pair sets (100.0%) in ") for line in lines)
     assert f"promoted good: {catalog.pointer_uri(store, Pointer.MODEL)} names it now" in lines
     assert _validate(store, model_run="good", pair_files=[str(pairs)], max_regression=100.0).skipped
 

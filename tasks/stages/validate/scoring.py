@@ -11,6 +11,7 @@ PCA of its own embeddings of corpus sentences):
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import numpy as np
 
 from tasks.core import catalog, manifest, sentences, storage
 from tasks.core.catalog import Stage
+from tasks.core.progress import Progress
 from tasks.core.promoted import PromotedModel
 from tasks.core.stage_records import BASELINE, Record, Retrieval, StsTable
 from tasks.ml import metrics, sts
@@ -34,6 +36,7 @@ if TYPE_CHECKING:
     from tasks.stages.quality import QualityResults
 
 Encode = Callable[[list[str]], np.ndarray]
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -94,9 +97,11 @@ def measure(
     distilled: manifest.Manifest,
     pair_sets: list[sts.PairSet],
     promoted: PromotedModel | None,
+    progress: bool = False,
 ) -> Measurements:
     """Score the exported student of ``distilled`` and its references on ``pair_sets`` and a corpus sample; with
-    ``promoted`` (another run's promotion), also how far both students agree on the sample's neighbours."""
+    ``promoted`` (another run's promotion), also how far both students agree on the sample's neighbours. The
+    scores done are logged as progress (a bar with ``progress``)."""
     from tasks.ml import student
     from tasks.ml.encoder import SentenceEncoder
 
@@ -105,9 +110,7 @@ def measure(
     with tempfile.TemporaryDirectory() as scratch:
         model = SentenceEncoder.load(str(student.fetch_published(distilled, Path(scratch))))
         encoders, explained = _encoders(params, trained, model, corpus.texts)
-        table = StsTable.model_validate(
-            {name: {p.name: round(sts.score(encode, p), 2) for p in pair_sets} for name, encode in encoders.items()}
-        )
+        table = _sts_table(encoders, pair_sets, f"validate {distilled.key} STS", progress)
         student_corpus = model.encode(corpus.texts)
         stsb = pair_sets[0]
         plots = Plots(
@@ -125,6 +128,18 @@ def measure(
         if promoted is not None:
             overlap = _neighbour_overlap(promoted, found, corpus.texts, Path(scratch))
         return Measurements(table, _retrieval(model.encode, found, corpus, stsb), plots, overlap)
+
+
+def _sts_table(encoders: dict[str, Encode], pair_sets: list[sts.PairSet], what: str, bar: bool) -> StsTable:
+    """Each encoder's score on each pair set, the pair sets scored logged as ``what``'s progress (or a bar)."""
+    scores: dict[str, dict[str, float]] = {}
+    total = len(encoders) * len(pair_sets)
+    with Progress(what, total, unit="pair sets", bar=bar, logger=log) as reporter:
+        for name, encode in encoders.items():
+            for pairs in pair_sets:
+                scores.setdefault(name, {})[pairs.name] = round(sts.score(encode, pairs), 2)
+                reporter.update(encoder=name, pairs=pairs.name)
+    return StsTable.model_validate(scores)
 
 
 def _neighbour_overlap(promoted: PromotedModel, found: np.ndarray, texts: list[str], scratch: Path) -> NeighbourOverlap:

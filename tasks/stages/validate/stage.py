@@ -41,7 +41,7 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     other = current if current and current.model_run != params.model_run else None
     pointer, promoted_etag = (current.pointer, current.etag) if current else (None, None)
     with stage_run.phase("encode_and_score"):
-        measured = scoring.measure(params, distilled, pair_sets, other)
+        measured = scoring.measure(params, distilled, pair_sets, other, progress)
     fidelity = distilled.stats.get("exported")
     _log_measurements(params.model_run, measured, fidelity)
     with stage_run.phase("drift"):
