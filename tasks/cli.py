@@ -180,11 +180,12 @@ def _add_completion_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     completion = sub.add_parser(
         "completion",
         help="print a shell completion script",
-        description="print a completion script for hpd, generated from this parser; load it with "
-        "`source <(hpd completion bash)` (or `hpd completion zsh`), or save it where the shell reads completions",
+        description="print the completion hook of a shell for hpd (argcomplete's): hpd itself completes the "
+        "line typed so far. Load it with `source <(hpd completion bash)` (zsh alike), or `hpd completion fish | "
+        "source`, or save it where the shell reads completions",
         parents=[common],
     )
-    completion.add_argument("shell", choices=["bash", "zsh"], help="the shell the script is for")
+    completion.add_argument("shell", choices=["bash", "zsh", "fish"], help="the shell the script is for")
 
 
 def _add_serve_parser(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -557,7 +558,7 @@ def _bars_and_logs() -> contextlib.AbstractContextManager[None]:
 def _completion(args: argparse.Namespace) -> int:
     from tasks import completion
 
-    print(completion.script(build_parser(), args.shell), end="")
+    print(completion.script(args.shell), end="")
     return 0
 
 
@@ -572,7 +573,12 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    if argv is None and "_ARGCOMPLETE" in os.environ:  # a shell's completion request: answer it and exit
+        import argcomplete
+
+        argcomplete.autocomplete(parser)
+    args = parser.parse_args(argv)
     configure_logging(getattr(args, "log_level", None))
     command = args.command
     try:

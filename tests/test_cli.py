@@ -251,13 +251,22 @@ def test_the_default_level_quiets_the_chatty_libraries_and_log_level_opens_them(
 
 
 def _complete(script: str, *words: str) -> list[str]:
-    """What the generated bash completion offers after ``hpd WORDS...`` (the last word being typed)."""
-    probe = f"{script}\nCOMP_WORDS=(hpd {' '.join(map(shlex.quote, words))}); COMP_CWORD={len(words)}; _hpd; "
-    probe += 'printf "%s\\n" "${COMPREPLY[@]}"'
-    return subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True).stdout.split()
+    """What bash offers after ``hpd WORDS...`` (the last word being typed) through the hook ``script``: argcomplete's
+    function, which runs the installed ``hpd`` to complete the line."""
+    line = " ".join(["hpd", *words])  # a last word "" leaves the space after the one before
+    probe = (
+        f"{script}\nCOMP_WORDS=(hpd {' '.join(map(shlex.quote, words))}); COMP_CWORD={len(words)}; "
+        f"COMP_LINE={shlex.quote(line)}; COMP_POINT=${{#COMP_LINE}}; _python_argcomplete hpd; "
+        'printf "%s\\n" "${COMPREPLY[@]}"'
+    )
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    done = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, check=True, env=env)
+    return done.stdout.split()
 
 
 def test_bash_completion_offers_commands_options_and_choices(capsys):
+    """`hpd completion bash` prints argcomplete's hook, and through it bash completes commands, sub-commands, flags
+    and choices from the parser itself; zsh and fish have theirs."""
     assert cli.main(["completion", "bash"]) == 0
     script = capsys.readouterr().out
     parser = cli.build_parser()
@@ -266,15 +275,15 @@ def test_bash_completion_offers_commands_options_and_choices(capsys):
     assert top >= {cli.command_name(stage) for stage in STAGES} | {"search", "serve", "runs", "completion"}
     assert top <= set(_complete(script, ""))
     assert _complete(script, "se") == ["search", "serve"]
-    assert _complete(script, "runs", "")[:2] == ["list", "compare"]
+    assert {word for word in _complete(script, "runs", "") if not word.startswith("-")} == {"list", "compare"}
     assert _complete(script, "runs", "compare", "--o") == ["--output"]
     assert _complete(script, "distill", "--amp", "") == ["auto", "off", "bf16", "fp16"]
     assert _complete(script, "--log-level", "WARNING", "serve", "--query-encoder", "t") == ["torch"]
     options = {o for a in commands["build-index"]._actions for o in a.option_strings}
     assert set(_complete(script, "build-index", "--")) == {o for o in options if o.startswith("--")}
-    assert _complete(script, "search", "--store", "") == []  # a value: bash completes file names (-o default)
-    assert cli.main(["completion", "zsh"]) == 0
-    assert capsys.readouterr().out.startswith("# hpd completion for zsh")
+    for shell in ("zsh", "fish"):
+        assert cli.main(["completion", shell]) == 0
+        assert "_ARGCOMPLETE" in capsys.readouterr().out
 
 
 def test_every_command_that_prints_a_result_takes_one_output_option():

@@ -15,11 +15,11 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
+import tenacity
 from pydantic import BaseModel
 
 from tasks.core import settings, storage
@@ -128,16 +128,16 @@ class LocalAirflow:
 
     def wait_healthy(self, timeout: float = 120) -> None:
         """Wait for the API server's health endpoint, then log in."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/api/v2/monitor/health", timeout=5):
-                    break
-            except (urllib.error.URLError, ConnectionError):
-                self.check_alive()
-                time.sleep(1)
-        else:
-            raise self.failure(f"api-server on {self.url} did not answer")
+        answered = tenacity.Retrying(
+            retry=tenacity.retry_if_exception_type(httpx.HTTPError),  # no answer yet, or not a healthy one
+            wait=tenacity.wait_fixed(1),
+            stop=tenacity.stop_after_delay(timeout),
+            before_sleep=lambda _: self.check_alive(),
+        )
+        try:
+            answered(lambda: httpx.get(f"{self.url}/api/v2/monitor/health", timeout=5).raise_for_status())
+        except tenacity.RetryError:
+            raise self.failure(f"api-server on {self.url} did not answer") from None
         body = {"username": USER, "password": self.password()}
         self.token = _Token.model_validate(self.request("POST", "/auth/token", body, auth=False)).access_token
 
@@ -181,27 +181,24 @@ class LocalAirflow:
 def rest_call(url: str, method: str, body: dict | None, token: str) -> dict:
     """``method`` on ``url`` with a JSON body and a bearer token (where given); the JSON answer. A 503 (with SQLite,
     a backfill created while the scheduler writes: "Database is locked", nothing created) is tried again a few times
-    after a growing pause before it is raised."""
-    for pause in UNAVAILABLE_RETRY_PAUSES:
-        try:
-            return _call_once(url, method, body, token)
-        except _Unavailable:
-            time.sleep(pause)
-    return _call_once(url, method, body, token)
+    after the pauses of :data:`UNAVAILABLE_RETRY_PAUSES` before it is raised."""
+    tries = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(_Unavailable),
+        wait=tenacity.wait_chain(*map(tenacity.wait_fixed, UNAVAILABLE_RETRY_PAUSES)),
+        stop=tenacity.stop_after_attempt(len(UNAVAILABLE_RETRY_PAUSES) + 1),
+        reraise=True,
+    )
+    return tries(_call_once, url, method, body, token)
 
 
 def _call_once(url: str, method: str, body: dict | None, token: str) -> dict:
     """One try of :func:`rest_call`."""
-    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {token}"} if token else {})}
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            text = response.read()
-    except urllib.error.HTTPError as exc:
-        failed = _Unavailable if exc.code == 503 else AirflowFailed
-        raise failed(f"{method} {url}: {exc.code} {exc.read()[:500]!r}") from None
-    return json.loads(text) if text else {}
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    response = httpx.request(method, url, json=body, headers=headers, timeout=30)
+    if response.is_error:
+        failed = _Unavailable if response.status_code == 503 else AirflowFailed
+        raise failed(f"{method} {url}: {response.status_code} {response.content[:500]!r}")
+    return response.json() if response.content else {}
 
 
 def stop_groups(processes: list[subprocess.Popen], sig: int = signal.SIGTERM, timeout: float = 20) -> None:
