@@ -66,6 +66,14 @@ DEMO_DEFAULTS = {
     "source": "data/corpus/sentences.tsv.gz",
     "query": "A man is playing a guitar.",
 }
+DEMO_OPTIONS = (  # each demo option: its name, its type, what it is
+    ("airflow_home", str, "AIRFLOW_HOME of the demo's Airflow"),
+    ("rows", int, "corpus sentences to ingest"),
+    ("date", date.fromisoformat, "the partition's day"),
+    ("dags_folder", str, "the DAG files, from the checkout"),
+    ("source", str, "the corpus to sample, from the checkout"),
+    ("query", str, "a sample search on the new index"),
+)
 
 
 def command_name(stage: Stage) -> str:
@@ -308,14 +316,9 @@ def _add_demo_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     demo.set_defaults(**DEMO_DEFAULTS)
     demo.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
-    demo.add_argument(
-        "--airflow-home", help=f"AIRFLOW_HOME of the demo's Airflow (default: {DEMO_DEFAULTS['airflow_home']})"
-    )
-    demo.add_argument("--rows", type=int, help=f"corpus sentences to ingest (default: {DEMO_DEFAULTS['rows']})")
-    demo.add_argument("--date", type=date.fromisoformat, help=f"the partition's day (default: {DEMO_DEFAULTS['date']})")
-    demo.add_argument("--dags-folder", help=f"the DAG files (default: the checkout's {DEMO_DEFAULTS['dags_folder']})")
-    demo.add_argument("--source", help=f"the corpus to sample (default: the checkout's {DEMO_DEFAULTS['source']})")
-    demo.add_argument("--query", help=f"a sample search on the new index (default: {DEMO_DEFAULTS['query']!r})")
+    for name, kind, text in DEMO_OPTIONS:
+        flag = "--" + name.replace("_", "-")
+        demo.add_argument(flag, type=kind, help=f"{text} (default: {DEMO_DEFAULTS[name]})")
     _add_output(demo, "table", "the chain's seconds, its outputs and the search's hits", "the same as lines")
 
 

@@ -34,10 +34,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # The longest modules, in the order pytest-xdist hands them out first (``--dist loadfile``): the live Airflow
 # services and the Celery workers as one unit of work (one worker runs them one after the other: two Airflow stacks
-# at once starve each other of the two cores), then the DAG chain through ``airflow dags test`` on the other worker,
-# then `make airflow`'s services (SQLite, the LocalExecutor), the chaos test, the retrain decisions through Airflow and
+# at once starve each other of the two cores), then the DAG chain on file:// and on S3 (a unit each), then `make
+# airflow`'s services (SQLite, the LocalExecutor), the chaos test, the retrain decisions through Airflow and
 # distillation's on the third. The rest fill in around them.
 LIVE_AIRFLOW = ("tests/dags/test_airflow_services.py", "tests/dags/test_celery_workers.py")
+# Modules whose tests are units of work of their own, so that the workers share them: the chain on file:// and on S3,
+# and the chaos cases (their stores are built once for every worker).
+SPLIT_BY_TEST = ("tests/dags/test_dag_runs.py", "tests/test_chaos.py")
 LONGEST_FIRST = (
     *LIVE_AIRFLOW,
     "tests/dags/test_dag_runs.py",
@@ -64,7 +67,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
     """``-n N`` (``--dist load``) or ``--dist loadfile``: whole modules, in collection order, with the
-    ``LIVE_AIRFLOW`` modules in one unit of work (their tests build on each other, so a module never splits)."""
+    ``LIVE_AIRFLOW`` modules in one unit of work (their tests build on each other, so a module never splits), and
+    each test of a ``SPLIT_BY_TEST`` module in one of its own."""
     if config.getvalue("dist") not in ("load", "loadfile"):
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -74,6 +78,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | 
     class LiveAirflowTogether(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = _module_path(nodeid)
+            if path in SPLIT_BY_TEST:
+                return nodeid
             return "live-airflow" if path in LIVE_AIRFLOW else path
 
     return LiveAirflowTogether(config, log)

@@ -485,18 +485,12 @@ class StageRun:
         return self._published.valid()
 
     def replaced(self) -> Manifest | None:
-        """The manifest this run replaces, as read when the run first looked for it (None: none, or a corrupt one);
-        what a concurrent run published since is not it, so the publish's compare-and-swap settles the race."""
+        """The manifest this run replaces, as first read (None: none or corrupt; a concurrent publish since is not)."""
         return self._published.seen()
 
     def previous_outputs(self) -> set[str]:
-        """URIs listed by the manifest this run replaces, as read when the run first looked for it.
-        A corrupt manifest lists nothing: a forced run replaces it and deletes no shard on its word."""
-        replaced = self.replaced()
-        return {o.uri for o in replaced.outputs} if replaced else set()
-
-    def completed(self) -> Manifest | None:  # the published manifest if the work is done, its outputs intact
-        return self._published.verdict(self.fingerprint, self.params, self.inputs)[0]
+        """URIs the manifest this run replaces lists (a corrupt one: none, so a forced run deletes nothing on it)."""
+        return {o.uri for o in replaced.outputs} if (replaced := self.replaced()) else set()
 
     def skip_result(self, force: bool) -> StageResult | None:
         """The result of skipping this run (its work is done), or None when it must run; the decision and

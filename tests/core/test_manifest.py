@@ -51,15 +51,16 @@ def test_a_run_under_an_orchestrator_records_it_and_a_plain_run_does_not(store):
 
 def test_same_inputs_and_params_complete_the_work(store):
     _run(store).publish()
-    assert _run(store).completed() is not None
-    assert _run(store, params={"k": 2}).completed() is None
-    assert _run(store, sha="c" * 64).completed() is None
+    assert _run(store).skip_result(force=False) is not None
+    assert _run(store).skip_result(force=True) is None
+    assert _run(store, params={"k": 2}).skip_result(force=False) is None
+    assert _run(store, sha="c" * 64).skip_result(force=False) is None
 
 
 def test_rerun_replaces_the_manifest_and_a_concurrent_change_is_refused(store):
     _run(store).publish()
     rerun = _run(store, params={"k": 2})
-    assert rerun.completed() is None
+    assert rerun.skip_result(force=False) is None
     _run(store, params={"k": 3}).publish()  # someone else published in between
     with pytest.raises(manifest.ManifestError, match="concurrent"):
         rerun.publish()
@@ -181,7 +182,7 @@ def test_a_corrupt_manifest_is_refused_naming_its_uri(store_root, corruption):
     with pytest.raises(manifest.ManifestError) as read_error:
         manifest.read(store_root, "demo_stage", "ingest_date=2026-11-30")
     assert str(read_error.value).startswith(f"{run.uri}: ")
-    for attempt in (lambda r: r.previous(), lambda r: r.completed(), lambda r: r.skip_result(force=False)):
+    for attempt in (lambda r: r.previous(), lambda r: r.skip_result(force=False)):
         with pytest.raises(manifest.ManifestError) as run_error:
             attempt(_run(store_root))
         assert str(run_error.value).startswith(f"{run.uri}: ")
@@ -209,14 +210,14 @@ def test_a_forced_run_replaces_a_corrupt_manifest(store_root, corruption, monkey
 def test_a_skip_needs_every_output_with_its_recorded_size(store_root):
     run = _published_run(store_root)
     first, second = (o.uri for o in manifest.read(store_root, "demo_stage", "ingest_date=2026-11-30").outputs)
-    assert _run(store_root).completed() is not None
+    assert _run(store_root).skip_result(force=False) is not None
     storage.write_bytes(second, b"second outpu")  # truncated
-    assert _run(store_root).completed() is None
+    assert _run(store_root).skip_result(force=False) is None
     assert _run(store_root).skip_result(force=False) is None
     storage.write_bytes(second, b"second output")
-    assert _run(store_root).completed().run_id == run.run_id
+    assert _run(store_root).skip_result(force=False).manifest.run_id == run.run_id
     storage.delete(first)
-    assert _run(store_root).completed() is None
+    assert _run(store_root).skip_result(force=False) is None
     assert _run(store_root).previous_outputs() == {first, second}  # the rebuild still knows what it replaces
 
 
@@ -317,7 +318,7 @@ def test_a_copied_store_completes_the_work_there_and_replaces_only_its_own_objec
         assert done is not None and done.manifest.run_id == published.manifest.run_id
         assert set(touched) == {f"{copy}/manifests/demo_stage/{KEY}.json", f"{copy}/out/a.bin", f"{copy}/out/sub/b.bin"}
         rerun = _lineage_run(copy, {"k": 2})
-        assert rerun.completed() is None
+        assert rerun.skip_result(force=False) is None
         assert rerun.previous_outputs() == {f"{copy}/out/a.bin", f"{copy}/out/sub/b.bin"}
     assert {uri: storage.read_bytes(uri) for uri in storage.list_uris(store_root)} == original
 
