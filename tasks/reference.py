@@ -24,7 +24,9 @@ DOCS = Path(__file__).resolve().parent.parent / "docs" / "reference"
 _TRAILING_DEFAULT = re.compile(r"\s*\(default: (?P<value>(?:[^()]|\([^()]*\))*)\)$")
 INTRO = (
     "Every `HPD_*` environment variable the code reads (the DAG files, the tasks, the CLI and the service), with its "
-    "type and default. An empty variable counts as unset, except `HPD_SERVE_URL`, where it turns the service off. "
+    "type and default. Each is read from the environment, else from a `.env` file in the working directory "
+    "(`NAME=value` lines; the environment wins; an `HPD_*` name there that is no setting is refused, other names are "
+    "left to their tools). An empty variable counts as unset, except `HPD_SERVE_URL`, where it turns the service off. "
     "A wrong value fails with a message naming the variable. The DAG defaults are read when the DAG files are "
     "parsed: set them on the scheduler and the DAG processor as well as on the workers."
 )

@@ -1,24 +1,26 @@
-"""Every ``HPD_*`` environment variable the pipeline reads, in one typed model.
+"""Every ``HPD_*`` environment variable the pipeline reads, in one typed model (pydantic-settings).
 
-Code reads them through :func:`current` (the environment as it is now: tests and runs change it), never
-``os.environ`` directly; ``docs/reference/configuration.md`` is generated from this model (``python -m
-tasks.reference``). An empty variable counts as unset, except ``HPD_SERVE_URL``, where it turns the service off.
+Code reads them through :func:`current` (the environment as it is now, then a ``.env`` file in the working
+directory: tests and runs change them), never ``os.environ`` directly; ``docs/reference/configuration.md`` is
+generated from this model (``python -m tasks.reference``). An empty variable counts as unset, except
+``HPD_SERVE_URL``, where it turns the service off; an ``HPD_*`` name in ``.env`` that is no setting is refused.
 A URI setting that carries credentials (``scheme://user:secret@...``) is refused, except ``HPD_TRACKING_URI``, which
 MLflow reads as it is (the code shows it only redacted); no error shows the credentials of a value.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from tasks.core.uris import redact
 
 PREFIX = "HPD_"
+ENV_FILE = ".env"  # read from the working directory, after the environment
 MIB = 1024 * 1024
 _CACHE = "~/.cache/hpd-pipeline"
 _KEEPS_EMPTY = frozenset({"serve_url"})
@@ -48,10 +50,17 @@ def _var(default: Any = None, *, section: str, description: str, shown: str | No
     return Field(default, description=description, json_schema_extra=extra, **kw)
 
 
-class Settings(BaseModel):
+class Settings(BaseSettings):
     """The deployment's settings; each field is the variable of its name in capitals, prefixed ``HPD_``."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = SettingsConfigDict(
+        env_prefix=PREFIX,
+        env_file=ENV_FILE,
+        env_file_encoding="utf-8",
+        dotenv_filtering="match_prefix",  # other tools' variables in the file are theirs; an unknown HPD_* is refused
+        frozen=True,
+        extra="forbid",
+    )
 
     store: str = _var(
         "var/store",
@@ -124,7 +133,7 @@ class Settings(BaseModel):
     encode_pool_slots: int = _var(
         4, section=WORKERS, description="the pool's slots: teacher encodings running at once", ge=1
     )
-    alert_email: list[str] = _var(
+    alert_email: Annotated[list[str], NoDecode] = _var(  # comma-separated, not JSON
         [], section=ALERTS, description="failure alert recipients, comma-separated; unset: no alerts", shown="(none)"
     )
     alert_from: str | None = _var(
@@ -146,6 +155,14 @@ class Settings(BaseModel):
         section=LOCAL,
         description="the admin password of `make airflow`'s local Airflow; unset: one generated once into its home",
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _empty_is_unset(cls, value: Any, info: ValidationInfo) -> Any:
+        """An empty (or blank) variable is the setting's default, but where empty means something."""
+        if isinstance(value, str) and not value.strip() and info.field_name not in _KEEPS_EMPTY:
+            return cls.model_fields[str(info.field_name)].get_default(call_default_factory=True)
+        return value
 
     @field_validator("store", "default_source", "default_teacher", "default_student", "serve_url")
     @classmethod
@@ -193,20 +210,37 @@ def env_name(field: str) -> str:
     return PREFIX + field.upper()
 
 
+class _Given(Settings):
+    """The settings of given variables alone: neither the process's environment nor a ``.env`` file."""
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings,)
+
+
 def current(environ: Mapping[str, str] | None = None) -> Settings:
-    """The settings from ``environ`` (default: the process environment); raises :class:`SettingsError` naming each
-    wrong variable (its value without the credentials of a URI in it)."""
-    environ = os.environ if environ is None else environ
-    values = {}
-    for name in Settings.model_fields:
-        raw = environ.get(env_name(name))
-        if raw is not None and (raw.strip() or name in _KEEPS_EMPTY):
-            values[name] = raw
+    """The settings of the process's environment and ``.env`` file, or of ``environ`` alone (a deployment's
+    variables, to check them); raises :class:`SettingsError` naming each wrong variable (its value without the
+    credentials of a URI in it)."""
     try:
-        return Settings.model_validate(values)
+        if environ is None:
+            return Settings()
+        given: dict[str, Any] = {
+            name: environ[env_name(name)] for name in Settings.model_fields if env_name(name) in environ
+        }
+        return _Given(**given)
     except ValidationError as exc:
         wrong = []
-        for error in exc.errors():
+        for error in exc.errors(include_url=False):
             name = str(error.get("loc", ("",))[0])
-            wrong.append(f"  {env_name(name)}={redact(values.get(name, ''))!r}: {error.get('msg')}")
+            given = error.get("input")
+            shown = redact(given) if isinstance(given, str) else ""
+            wrong.append(f"  {env_name(name.lower())}={shown!r}: {error['msg']}")
         raise SettingsError("invalid environment:\n" + "\n".join(wrong)) from None

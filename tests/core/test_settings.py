@@ -64,3 +64,20 @@ def test_each_connection_is_named_by_a_setting():
     for connection in settings.CONNECTIONS:
         assert connection.setting in settings.Settings.model_fields
     assert current({"HPD_SMTP_CONN_ID": "smtp_alerts"}).smtp_conn_id == "smtp_alerts"
+
+
+def test_a_dot_env_file_in_the_working_directory_sets_what_the_environment_does_not(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HPD_DEFAULT_K", raising=False)
+    monkeypatch.setenv("HPD_GPU_QUEUE", "from-the-environment")
+    (tmp_path / ".env").write_text("HPD_DEFAULT_K=32\nHPD_GPU_QUEUE=from-the-file\nOTHER_TOOL=ignored\n")
+    found = current()
+    assert found.default_k == 32 and found.gpu_queue == "from-the-environment"
+    assert current({}).default_k == 128  # given variables alone: no file
+
+
+def test_a_dot_env_name_that_is_no_setting_is_refused(monkeypatch, tmp_path):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / ".env").write_text("HPD_DEFUALT_K=32\n")
+    with pytest.raises(SettingsError, match="HPD_DEFUALT_K='32'"):
+        current()
