@@ -366,3 +366,26 @@ def test_two_promotions_at_once_have_one_winner(store):
     [lost] = [o for o in outcomes if isinstance(o, validate.ValidateError)]
     assert "another promotion happened since this validation started" in str(lost)
     assert catalog.read_pointer(store, Pointer.MODEL)[0].model_run == winner
+
+
+def test_the_validated_card_carries_the_test_scores_the_overlap_and_the_verdict(store):
+    """The validation publishes the student's card with what it measured: the test scores and the neighbour overlap
+    as model-index results of Hub tasks, and a section with the STS table, the gate's verdict and the training data
+    in place of the note that validation is to come."""
+    from huggingface_hub import ModelCard
+
+    result = _validate(store, model_run="good", max_regression=100.0)
+    stats = result.manifest.stats
+    validated = ModelCard(storage.read_bytes(result.manifest.output_named("model_card.md").uri).decode())
+    found = {(r.dataset_name, r.metric_type): r for r in validated.data.eval_results}
+    student = stats["sts"]["student"]
+    assert found[("STS Benchmark", "spearman_cosine")].metric_value == round(student["STS-B test"] / 100, 5)
+    assert found[("SICK-R", "spearman_cosine")].dataset_split == "test"
+    overlap = next(r for (name, metric), r in found.items() if metric == "recall_at_10")
+    assert overlap.metric_value == round(stats["retrieval"]["recall_at_10_vs_teacher"], 5)
+    assert {r.task_type for r in validated.data.eval_results} <= {"sentence-similarity", "feature-extraction"}
+    text = validated.text
+    assert f"Validated by run `{result.manifest.run_id}`: the quality gate passed" in text
+    assert f"| student | {student['STS-B test']:.2f} | {student['SICK-R test']:.2f} |" in text
+    assert "Training data: 300 staged sentences of the store's partitions 2026-11-01" in text
+    assert "The test scores (STS-B test, SICK-R test, retrieval) and the quality gate are measured" not in text

@@ -71,8 +71,8 @@ class Scores:
             measured.append(("train", "loss", loss_name, self.training_loss))
         results = [
             EvalResult(
-                task_type="knowledge-distillation",
-                task_name="Knowledge Distillation",
+                task_type="feature-extraction",  # a Hub task: the embeddings, held to the projected targets
+                task_name="Projected teacher embeddings",
                 dataset_type="hpd-projected-targets",
                 dataset_name=f"{ROWS[split]} (projected teacher targets)",
                 dataset_split=split,
@@ -85,8 +85,8 @@ class Scores:
         if found.sts_dev is not None:
             results.append(
                 EvalResult(
-                    task_type="semantic-similarity",
-                    task_name="Semantic Similarity",
+                    task_type="sentence-similarity",
+                    task_name="Semantic Textual Similarity",
                     dataset_type="sts-dev",
                     dataset_name="STS-B dev and SICK-R trial (mean)",
                     dataset_split="validation",

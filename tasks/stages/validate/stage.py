@@ -12,7 +12,7 @@ from tasks.core.stage_records import ValidateStats
 from tasks.ml import sts
 from tasks.stages import drift, tracking
 from tasks.stages.params import ValidateParams
-from tasks.stages.validate import promotion, scoring, tracked, versus
+from tasks.stages.validate import card, promotion, scoring, tracked, versus
 from tasks.stages.validate.errors import ValidateError
 from tasks.stages.validate.pairs import read_pairs
 from tasks.stages.validate.records import DriftNotMeasured, ValidationReport
@@ -105,7 +105,8 @@ def _promote(params: ValidateParams, passed: bool, published: manifest.Manifest,
 def _write_report(
     stage_run: manifest.StageRun, distilled: manifest.Manifest, report: ValidationReport, plots: scoring.Plots
 ) -> None:
-    """``metrics.json`` (unrounded) and ``report.html`` of the validation, as the run's outputs."""
+    """``metrics.json`` (unrounded), ``report.html`` and the validated model card of the validation, as the run's
+    outputs."""
     from tasks.stages.validate.report import render
     from tasks.stages.validate.report_parts import run_header
 
@@ -122,6 +123,8 @@ def _write_report(
     )
     stage_run.write_output(storage.join(prefix, "metrics.json"), json.dumps(report.model_dump(), indent=2).encode())
     stage_run.write_output(storage.join(prefix, "report.html"), page.encode())
+    if (validated := card.render(store, distilled, report, stage_run.run_id)) is not None:
+        stage_run.write_output(storage.join(prefix, card.VALIDATED_CARD), validated.encode())
     log.info("validate %s: report %s", model_run, uris.redact(storage.join(prefix, "report.html")))
 
 
