@@ -151,6 +151,12 @@ class Settings(BaseSettings):
         "sqlite:///...; MLflow 3 takes file:///... only with MLFLOW_ALLOW_FILE_STORE=true); unset: no tracking",
     )
     tracking_experiment: str = _var("hpd-pipeline", section=TRACKING, description="the MLflow experiment of the runs")
+    tracking_model: str = _var(
+        "hpd-student",
+        section=TRACKING,
+        description="the MLflow registered model each validated student becomes a version of; its alias champion "
+        "names the promoted one",
+    )
     airflow_password: str | None = _var(
         section=LOCAL,
         description="the admin password of `make airflow`'s local Airflow; unset: one generated once into its home",

@@ -6,7 +6,10 @@ Off by default; on when ``HPD_TRACKING_URI`` names a tracking server or store (`
 it, a stage with tracking on fails at once with a :class:`~tasks.core.config.ConfigError` that says so.
 
 A run is reported once it is published (a skipped run reports nothing), as one MLflow run named
-``<stage>/<run name>``, tagged with the stage run's id and manifest key. Parameters never carry a local path:
+``<stage>/<run name>``, tagged with the stage run's id and manifest key, with its files as artifacts (validate's
+report and model card). A validated student becomes a version of the registered model ``HPD_TRACKING_MODEL``
+(``hpd-student``) whose source is the store's verified copy of its folder (nothing is copied into MLflow), and the
+alias ``champion`` moves to it when, and only when, it is promoted. Parameters never carry a local path:
 the store is left out and a path-like value is named by its last segment. Reporting is a side channel: a
 tracking server that fails is logged as a warning and fails nothing, the run being published already; MLflow's
 HTTP retries and timeout are bounded for these calls (:data:`HTTP_LIMITS`, unless the environment sets them), so a
@@ -36,6 +39,8 @@ from tasks.core.uris import redact
 TRACKING_URI = "HPD_TRACKING_URI"
 EXPERIMENT = "HPD_TRACKING_EXPERIMENT"
 DEFAULT_EXPERIMENT = "hpd-pipeline"
+DEFAULT_MODEL = "hpd-student"
+CHAMPION = "champion"  # the registry alias of the promoted student
 HIDDEN_PARAMS = frozenset({"store"})  # the store root is a deployment detail (and may be a local path)
 BATCH = 1000  # metrics per MLflow log_batch call (its limit)
 # MLflow's HTTP client retries a request 7 times with a backoff, each attempt waiting up to 120 s: a server that is
@@ -60,6 +65,16 @@ class Report:
     metrics: dict[str, float]
     history: dict[str, list[tuple[int, float]]] = field(default_factory=dict)
     tags: dict[str, str] = field(default_factory=dict)
+    artifacts: dict[str, str] = field(default_factory=dict)  # file name -> text
+    model_source: str | None = None  # the store URI of a student folder to register as a version of the model
+
+
+@dataclass(frozen=True)
+class Logged:
+    """Where a report went: its MLflow run, and the registered model version it made (None: none)."""
+
+    run_id: str
+    version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -68,16 +83,52 @@ class Tracker:
 
     uri: str
     experiment: str = DEFAULT_EXPERIMENT
+    model: str = DEFAULT_MODEL
 
-    def log(self, report: Report) -> str | None:
-        """Report ``report`` as one finished MLflow run; its id, or None (warned) when the store fails."""
+    def log(self, report: Report) -> Logged | None:
+        """Report ``report`` as one finished MLflow run (registering its student); where it went, or None (warned)
+        when the store fails."""
         try:
             with bounded_http():
-                return self._logged(report)
+                run_id = self._logged(report)
+                version = self._registered(report, run_id) if report.model_source else None
+                return Logged(run_id, version)
         except Exception as exc:  # noqa: BLE001 - any failure of the tracking store is reported, not raised
-            where, why = redact(self.uri), redact(str(exc))
-            log.warning("%s %s: not reported to MLflow at %s: %s", report.stage, report.name, where, why)
+            self._warn(f"{report.stage} {report.name}: not reported", exc)
             return None
+
+    def crown(self, logged: Logged) -> None:
+        """Point the alias ``champion`` at the version ``logged`` registered: its student was promoted."""
+        if logged.version is None:
+            return
+        try:
+            with bounded_http():
+                from mlflow.tracking import MlflowClient
+
+                MlflowClient(tracking_uri=self.uri).set_registered_model_alias(self.model, CHAMPION, logged.version)
+        except Exception as exc:  # noqa: BLE001 - as in log: reported, not raised
+            self._warn(f"{self.model} version {logged.version}: alias {CHAMPION} not moved", exc)
+            return
+        log.info("MLflow: %s version %s is the %s", self.model, logged.version, CHAMPION)
+
+    def _warn(self, what: str, exc: Exception) -> None:
+        log.warning("%s to MLflow at %s: %s", what, redact(self.uri), redact(str(exc)))
+
+    def _registered(self, report: Report, run_id: str) -> str:
+        """A new version of the registered model, its source the store's copy of the student; its number."""
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=self.uri)
+        try:
+            client.create_registered_model(self.model, description="hpd-pipeline's distilled students")
+        except MlflowException as exc:
+            if exc.error_code != "RESOURCE_ALREADY_EXISTS":
+                raise
+        tags = {"hpd.run_name": report.name, **report.tags}
+        made = client.create_model_version(self.model, str(report.model_source), run_id=run_id, tags=tags)
+        log.info("%s %s: registered as %s version %s", report.stage, report.name, self.model, made.version)
+        return str(made.version)
 
     def _logged(self, report: Report) -> str:
         from mlflow.entities import Metric, Param, RunTag
@@ -96,6 +147,8 @@ class Tracker:
         client.log_batch(run_id, params=params, tags=[RunTag(k, v) for k, v in tags.items()])
         for start in range(0, len(metrics), BATCH):
             client.log_batch(run_id, metrics=metrics[start : start + BATCH])
+        for name, text in report.artifacts.items():
+            client.log_text(run_id, text, name)
         client.set_terminated(run_id)
         log.info("%s %s: reported to MLflow, experiment %s, run %s", report.stage, report.name, self.experiment, run_id)
         return run_id
@@ -115,7 +168,8 @@ def tracker() -> Tracker | None:
             f"{TRACKING_URI} is set ({redact(uri)}) but MLflow is not installed: install the extra "
             "`pip install 'hpd-pipeline[tracking]'`, or unset it to turn tracking off"
         ) from None
-    return Tracker(uri, configured.tracking_experiment.strip() or DEFAULT_EXPERIMENT)
+    experiment = configured.tracking_experiment.strip() or DEFAULT_EXPERIMENT
+    return Tracker(uri, experiment, configured.tracking_model.strip() or DEFAULT_MODEL)
 
 
 @contextlib.contextmanager

@@ -40,7 +40,8 @@ def tracked(tmp_path_factory):
     client = MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name("hpd-test")
     runs = {run.info.run_name: run for run in client.search_runs([experiment.experiment_id])}
-    return {**prepared, "root": root, "client": client, "runs": runs, "distill": distilled, "validate": validated}
+    found = {"client": client, "runs": runs, "distill": distilled, "validate": validated, "uri": uri}
+    return {**prepared, "root": root, **found}
 
 
 def test_only_the_runs_made_with_tracking_on_are_reported(tracked):
@@ -121,3 +122,35 @@ def test_parameters_never_carry_a_local_path():
     shown = tracking.params_of(params)
     assert "store" not in shown and shown["pair_files"] == "pairs.csv" and shown["promote"] == "true"
     assert "min_stsb" not in shown
+
+
+def test_validate_logs_its_report_and_card_and_registers_the_promoted_student_as_champion(tracked):
+    """The report and the validated card are the run's artifacts, as published; the student is a version of the
+    registered model whose source is its folder in the store, and the promotion moved the alias champion to it."""
+    from tasks.ml import student
+
+    client, run = tracked["client"], tracked["runs"]["validate/tracked"]
+    published = tracked["validate"].manifest
+    assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"report.html", "model_card.md"}
+    for name in ("report.html", "model_card.md"):
+        logged = client.download_artifacts(run.info.run_id, name, str(tracked["root"] / "artifacts"))
+        assert open(logged, "rb").read() == storage.read_bytes(published.output_named(name).uri)
+    champion = client.get_model_version_by_alias(tracking.DEFAULT_MODEL, tracking.CHAMPION)
+    assert champion.run_id == run.info.run_id and champion.tags["hpd.run_name"] == "tracked"
+    assert champion.source == student.model_folder(tracked["distill"].manifest)
+
+
+def test_a_failed_gate_registers_the_student_but_leaves_the_champion(tracked, monkeypatch):
+    monkeypatch.setenv(tracking.TRACKING_URI, tracked["uri"])
+    monkeypatch.setenv(tracking.EXPERIMENT, "hpd-test")
+    client = tracked["client"]
+    before = client.get_model_version_by_alias(tracking.DEFAULT_MODEL, tracking.CHAMPION).version
+    values = {"store": tracked["store"], "model_run": "untracked", "retrieval_sample": 100, "min_stsb": 99.0}
+    failed = validate.run(config.parse(validate.ValidateParams, values))
+    assert failed.stats["gate"]["passed"] is False
+    versions = client.search_model_versions(f"name='{tracking.DEFAULT_MODEL}'")
+    assert {v.tags["hpd.run_name"]: v.tags["hpd.gate"] for v in versions} == {
+        "tracked": "passed",
+        "untracked": "failed",
+    }
+    assert client.get_model_version_by_alias(tracking.DEFAULT_MODEL, tracking.CHAMPION).version == before

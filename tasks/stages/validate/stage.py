@@ -64,7 +64,7 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
         ),
     )
     _write_report(stage_run, distilled, report, measured.plots)
-    return _published(params, stage_run, report, promoted_etag, track)
+    return _published(params, stage_run, report, promoted_etag, track, distilled)
 
 
 def _published(
@@ -73,16 +73,19 @@ def _published(
     report: ValidationReport,
     promoted_etag: str | None,
     track: tracking.Tracker | None,
+    distilled: manifest.Manifest,
 ) -> manifest.StageResult:
-    """Publish the validation, report it to ``track`` (when tracking is on) and promote when its gate passed."""
+    """Publish the validation, report it to ``track`` (when tracking is on) and promote when its gate passed; the
+    registry's champion follows the promotion."""
     passed = report.gate.passed
     recorded = Promotion(promoted_etag).as_stats() if passed and params.promote else {}
     stage_run.stats = {**report.model_dump(), **recorded}
     result = stage_run.publish()
     assert result.manifest is not None
-    if track is not None:
-        track.log(tracked.report(params, stage_run, report, result.manifest_uri))
+    logged = track.log(tracked.report(params, stage_run, report, result.manifest_uri, distilled)) if track else None
     _promote(params, passed, result.manifest, promoted_etag)
+    if track is not None and logged is not None and passed and params.promote:
+        track.crown(logged)
     return result
 
 

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
-from tasks.core import catalog, manifest
+from tasks.core import catalog, manifest, storage
 from tasks.stages import tracking
 from tasks.stages.params import ValidateParams
 from tasks.stages.validate.records import ValidationReport
 
+ARTIFACTS = ("report.html", "model_card.md")  # the validation's files an MLflow run carries
 
-def report(params: ValidateParams, stage_run: manifest.StageRun, found: ValidationReport, uri: str) -> tracking.Report:
-    """The validation ``found`` of ``params.model_run``, published by ``stage_run`` (manifest at ``uri``): every
-    STS score by encoder and pair set (``sts.student.sts_b_test``), retrieval, the gate (1 passed, 0 failed) and
-    the distillation's fidelity as it recorded it."""
+
+def report(
+    params: ValidateParams,
+    stage_run: manifest.StageRun,
+    found: ValidationReport,
+    uri: str,
+    distilled: manifest.Manifest,
+) -> tracking.Report:
+    """The validation ``found`` of ``params.model_run`` (the student of ``distilled``), published by ``stage_run``
+    (manifest at ``uri``): every STS score by encoder and pair set (``sts.student.sts_b_test``), retrieval, the gate
+    (1 passed, 0 failed) and the distillation's fidelity as it recorded it; the report and the card (read back
+    verified) as artifacts, and the student's folder in the store to register."""
     sts = {
         tracking.metric_name("sts", encoder, pair_set): score
         for encoder, scores in found.sts.rows().items()
@@ -37,10 +46,20 @@ def report(params: ValidateParams, stage_run: manifest.StageRun, found: Validati
         "hpd.gate": "passed" if found.gate.passed else "failed",
         "hpd.gate_reference": found.gate.reference,
     }
+    from tasks.ml import student  # torch: only where a validation ran
+
+    files = {o.uri.rsplit("/", 1)[-1]: o for o in stage_run.outputs}
+    artifacts = {
+        name: storage.read_bytes(files[name].uri, sha256=files[name].sha256).decode()
+        for name in ARTIFACTS
+        if name in files
+    }
     return tracking.Report(
         stage="validate",
         name=params.model_run,
         params=tracking.params_of(params),
         metrics={name: float(value) for name, value in metrics.items()},
         tags=tags,
+        artifacts=artifacts,
+        model_source=student.model_folder(distilled),
     )
