@@ -128,6 +128,7 @@ from tasks.stages.params import DistillParams, FitPCAParams
         "min_stsb": gate_param("min_stsb"),
         "min_sickr": gate_param("min_sickr"),
         "max_regression": gate_param("max_regression"),
+        "max_dev_regression": gate_param("max_dev_regression"),
     },
 )
 def hpd_retrain():

@@ -158,7 +158,7 @@ def test_installed_hpd_validates_outside_the_checkout(fresh_env, distilled_store
         timeout=300,
     )
     summary = json.loads(done.stdout[done.stdout.index("{") :])
-    assert summary["skipped"] is False and summary["outputs"] == 2
+    assert summary["skipped"] is False and summary["outputs"] == 3  # report.html, metrics.json, model_card.md
     student = summary["stats"]["sts"]["student"]
     assert set(student) == {"STS-B test", "SICK-R test"}
     assert all(-100 <= score <= 100 for score in student.values())

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
 
-from pydantic import Field, ValidationError, ValidationInfo, field_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
 from tasks.core.uris import redact
@@ -50,19 +50,30 @@ def _var(default: Any = None, *, section: str, description: str, shown: str | No
     return Field(default, description=description, json_schema_extra=extra, **kw)
 
 
+def _without_credentials(value: str) -> str:
+    """A URI with credentials is refused: they would reach log lines, errors and records."""
+    if redact(value) != value:
+        raise ValueError("credentials do not belong in a URI: use the environment or an Airflow connection")
+    return value
+
+
+def _comma_separated(value: Any) -> Any:
+    return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
+
+
+UriSetting = Annotated[str, AfterValidator(_without_credentials)]
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)]  # a,b,c rather than JSON
+
+
 class Settings(BaseSettings):
     """The deployment's settings; each field is the variable of its name in capitals, prefixed ``HPD_``."""
 
+    # .env: other tools' variables there are theirs; an HPD_* name that is no setting is refused (extra="forbid")
     model_config = SettingsConfigDict(
-        env_prefix=PREFIX,
-        env_file=ENV_FILE,
-        env_file_encoding="utf-8",
-        dotenv_filtering="match_prefix",  # other tools' variables in the file are theirs; an unknown HPD_* is refused
-        frozen=True,
-        extra="forbid",
+        env_prefix=PREFIX, env_file=ENV_FILE, dotenv_filtering="match_prefix", frozen=True, extra="forbid"
     )
 
-    store: str = _var(
+    store: UriSetting = _var(
         "var/store",
         section=STORE,
         description="root of the object store: a folder, file:// or s3://bucket/prefix URI; the default of every "
@@ -80,7 +91,7 @@ class Settings(BaseSettings):
     s3_part_size: int = _var(
         8 * MIB,
         section=S3,
-        description="bytes per part of a multipart upload (at least 5 MiB)",
+        description="bytes per multipart upload part (at least 5 MiB)",
         shown="8388608 (8 MiB)",
     )
     model_cache: Path = _var(
@@ -94,17 +105,17 @@ class Settings(BaseSettings):
         description=f"the WordNet data of the augment stage; unset: the first NLTK_DATA entry, else {_CACHE}/nltk_data",
     )
     log_every_s: float = _var(30.0, section=FILES, description="seconds between a stage's progress lines", ge=0)
-    default_source: str = _var(
+    default_source: UriSetting = _var(
         "data/corpus/sentences.tsv.gz",
         section=DAGS,
         description="hpd_ingest's source param: the raw file of each day ({ingest_date} is replaced)",
     )
-    default_teacher: str = _var(
+    default_teacher: UriSetting = _var(
         "all-mpnet-base-v2+all-MiniLM-L6-v2",
         section=DAGS,
         description="the teacher param: a model name, path or URI; a + joins a composite teacher",
     )
-    default_student: str = _var("all-MiniLM-L6-v2", section=DAGS, description="hpd_retrain's student param")
+    default_student: UriSetting = _var("all-MiniLM-L6-v2", section=DAGS, description="hpd_retrain's student param")
     default_k: int = _var(128, section=DAGS, description="the projection's dimension (the k param)", ge=1)
     default_min_stsb: float | None = _var(
         section=DAGS, description="hpd_retrain's gate threshold min_stsb; unset: the validate stage's default"
@@ -114,6 +125,9 @@ class Settings(BaseSettings):
     )
     default_max_regression: float | None = _var(
         section=DAGS, description="hpd_retrain's gate threshold max_regression; unset: the validate stage's default"
+    )
+    default_max_dev_regression: float | None = _var(
+        section=DAGS, description="hpd_retrain's gate threshold max_dev_regression; unset: the validate stage's default"
     )
     gpu_queue: str = _var("default", section=WORKERS, description="the Celery queue the distill task is sent to")
     distill_executor: str | None = _var(
@@ -133,14 +147,14 @@ class Settings(BaseSettings):
     encode_pool_slots: int = _var(
         4, section=WORKERS, description="the pool's slots: teacher encodings running at once", ge=1
     )
-    alert_email: Annotated[list[str], NoDecode] = _var(  # comma-separated, not JSON
+    alert_email: CommaList = _var(
         [], section=ALERTS, description="failure alert recipients, comma-separated; unset: no alerts", shown="(none)"
     )
     alert_from: str | None = _var(
         section=ALERTS, description="the alerts' sender; unset: the connection's from address"
     )
     smtp_conn_id: str = _var("smtp_default", section=ALERTS, description="Airflow connection the alerts are sent by")
-    serve_url: str = _var(
+    serve_url: UriSetting = _var(
         "http://127.0.0.1:8765",
         section=SERVICE,
         description="the hpd serve that hpd search asks first; empty or off: always search locally",
@@ -154,8 +168,7 @@ class Settings(BaseSettings):
     tracking_model: str = _var(
         "hpd-student",
         section=TRACKING,
-        description="the MLflow registered model each validated student becomes a version of; its alias champion "
-        "names the promoted one",
+        description="the MLflow registered model of the validated students; its alias champion names the promoted one",
     )
     airflow_password: str | None = _var(
         section=LOCAL,
@@ -169,25 +182,6 @@ class Settings(BaseSettings):
         if isinstance(value, str) and not value.strip() and info.field_name not in _KEEPS_EMPTY:
             return cls.model_fields[str(info.field_name)].get_default(call_default_factory=True)
         return value
-
-    @field_validator("store", "default_source", "default_teacher", "default_student", "serve_url")
-    @classmethod
-    def _no_credentials(cls, value: str) -> str:
-        """A URI with credentials is refused: they would reach log lines, errors and records."""
-        if redact(value) != value:
-            raise ValueError("credentials do not belong in a URI: use the environment or an Airflow connection")
-        return value
-
-    @field_validator("alert_email", mode="before")
-    @classmethod
-    def _split(cls, value: Any) -> Any:
-        return [part.strip() for part in value.split(",") if part.strip()] if isinstance(value, str) else value
-
-    @property
-    def search_service(self) -> str | None:
-        """The service URL ``hpd search`` tries, or None when it is turned off."""
-        url = self.serve_url.strip()
-        return None if url in ("", "off") else url.rstrip("/")
 
 
 class Connection(NamedTuple):
@@ -248,5 +242,5 @@ def current(environ: Mapping[str, str] | None = None) -> Settings:
             name = str(error.get("loc", ("",))[0])
             given = error.get("input")
             shown = redact(given) if isinstance(given, str) else ""
-            wrong.append(f"  {env_name(name.lower())}={shown!r}: {error['msg']}")
+            wrong.append(f"  {env_name(name.lower())}={shown!r}: {error.get('msg')}")
         raise SettingsError("invalid environment:\n" + "\n".join(wrong)) from None

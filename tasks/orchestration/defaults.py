@@ -158,7 +158,8 @@ def gpu_executor_config() -> dict:
 
 
 def gate_param(name: str) -> Any:
-    """A quality-gate param of ``hpd_retrain`` (min_stsb, min_sickr, max_regression): the deployment's threshold
+    """A quality-gate param of ``hpd_retrain`` (min_stsb, min_sickr, max_regression, max_dev_regression): the
+    deployment's threshold
     (``HPD_DEFAULT_MIN_STSB`` ...) where it sets one, else the validate stage's default."""
     from tasks.stages.params import ValidateParams
 
@@ -173,4 +174,5 @@ _GATE_TITLES = {
     "min_stsb": "Minimum STS-B score",
     "min_sickr": "Minimum SICK-R score",
     "max_regression": "Largest regression allowed",
+    "max_dev_regression": "Largest regression on the dev sets against the promoted model",
 }

@@ -196,7 +196,8 @@ def validate(context: dict, model_run: str) -> dict[str, Any]:
     """The validate stage on ``model_run`` with the run's gate params; its verdict (a failed gate raises). Passed or
     not, the report's URI is logged and pushed as XCom ``validation_report``: the task's ``Validation report`` link."""
     params = run_params(context)
-    values = {"model_run": model_run, **pick(params, "min_stsb", "min_sickr", "max_regression")}
+    gate = pick(params, "min_stsb", "min_sickr", "max_regression", "max_dev_regression")
+    values = {"model_run": model_run, **gate}
     result = run_stage(Stage.VALIDATE, stage_params(Stage.VALIDATE, values, params))
     context["ti"].xcom_push(key=REPORT_XCOM, value=report_uri(result))
     log.info("validation report of %s: %s", model_run, report_uri(result))

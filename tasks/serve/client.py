@@ -33,7 +33,8 @@ class Answer(BaseModel):
 
 def service_url() -> str | None:
     """The service to try: ``$HPD_SERVE_URL`` (empty or ``off``: none), else the default."""
-    return settings.current().search_service
+    url = settings.current().serve_url.strip()
+    return None if url in ("", "off") else url.rstrip("/")
 
 
 def _get(url: str) -> dict[str, Any] | None:

@@ -220,6 +220,12 @@ class ValidateParams(StageParams):
     min_stsb: float | None = Field(None, description="minimum STS-B test score to promote")
     min_sickr: float | None = Field(None, description="minimum SICK-R test score to promote")
     max_regression: float = Field(1.0, ge=0, description="points a score may fall below the reference")
+    max_dev_regression: float = Field(
+        0.2,
+        ge=0,
+        description="points the student's mean STS dev score (STS-B dev, SICK-R trial) may fall below the promoted "
+        "model's, both measured here: a retrain that does worse is not promoted",
+    )
     teacher_dtype: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="the teacher's compute dtype; auto: bf16 where native, else fp32"
     )

@@ -6,6 +6,7 @@ import pytest
 
 from tasks.core import config, progress, settings
 from tasks.core.settings import SettingsError, current
+from tasks.serve import client
 
 
 def test_defaults_where_nothing_is_set(monkeypatch, tmp_path):
@@ -15,7 +16,7 @@ def test_defaults_where_nothing_is_set(monkeypatch, tmp_path):
     assert found.s3_max_attempts == 8 and found.s3_part_size == 8 * settings.MIB
     assert found.model_cache == tmp_path / ".cache" / "hpd-pipeline" / "models"  # the home of now, not of import
     assert found.alert_email == [] and found.aws_conn_id is None and found.default_min_stsb is None
-    assert found.search_service == "http://127.0.0.1:8765"
+    assert found.serve_url == "http://127.0.0.1:8765"
 
 
 def test_values_are_typed_and_an_empty_variable_is_unset():
@@ -34,12 +35,15 @@ def test_values_are_typed_and_an_empty_variable_is_unset():
     assert found.default_k == 64 and found.default_min_stsb == 0.7 and found.model_cache == Path("/models")
     assert found.alert_email == ["a@example.com", "b@example.com"]
     assert found.gpu_queue == "default" and found.aws_conn_id is None
-    assert found.search_service == "http://search:8765"
+    assert found.serve_url == "http://search:8765/"
 
 
 @pytest.mark.parametrize("off", ["", "off", " off "])
-def test_an_empty_or_off_service_url_turns_the_service_off(off):
-    assert current({"HPD_SERVE_URL": off}).search_service is None
+def test_an_empty_or_off_service_url_turns_the_service_off(off, monkeypatch):
+    monkeypatch.setenv("HPD_SERVE_URL", off)
+    assert client.service_url() is None
+    monkeypatch.setenv("HPD_SERVE_URL", "http://search:8765/")
+    assert client.service_url() == "http://search:8765"
 
 
 def test_every_wrong_variable_is_named_with_its_value():

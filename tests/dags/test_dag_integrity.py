@@ -71,6 +71,7 @@ def test_retrain_params_are_grouped_data_projection_student_gate(dagbag):
         "min_stsb",
         "min_sickr",
         "max_regression",
+        "max_dev_regression",
     }
 
 

@@ -248,4 +248,4 @@ def test_hpd_gc_from_the_cli(tmp_path, capsys, monkeypatch, caplog):
     assert not storage.exists(orphan)
     assert swept["manifest"].startswith(storage.join(store, "manifests", "gc") + "/")
     assert cli.main([*argv, "--retention-hours", "-1"]) == 2
-    assert "retention_hours" in capsys.readouterr().err
+    assert "--retention-hours" in capsys.readouterr().err

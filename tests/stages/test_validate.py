@@ -13,6 +13,7 @@ import pytest
 from tasks.core import catalog, config, manifest, storage
 from tasks.core.catalog import Pointer, Stage
 from tasks.stages import validate
+from tasks.stages.validate.records import DevVersusPromoted
 from tests.support.projected_store import PCA_NAME, corpus_lines, distill_tiny, projected_store
 
 pytestmark = pytest.mark.models
@@ -87,6 +88,8 @@ def test_the_gate_refuses_and_the_pointer_stays(store):
     gate = result.stats["gate"]
     assert gate["passed"] is False
     assert any("below the minimum 99.00" in reason for reason in gate["reasons"])
+    (dev,) = [rule for rule in gate["rules"] if rule["score"] == "STS dev (mean)"]  # 'short' against 'good' on dev
+    assert dev["passed"] == (dev["value"] >= dev["threshold"]) and dev["rule"] == "regression"
     assert gate["reference"] == "promoted model good"
     assert storage.read_bytes(catalog.pointer_uri(store, Pointer.MODEL)) == before
     versus = result.stats["versus_promoted"]  # 'short' against the promoted 'good'
@@ -126,6 +129,29 @@ def test_gate_rules_by_hand(caplog):
         "gate SICK-R test: 69.00, threshold 74.00 (the baseline's 75.00 less 1.00): FAIL",
     ]
     assert caplog.messages[3] == "gate failed: " + "; ".join(bad.reasons)
+
+
+def test_a_retrain_worse_on_the_dev_sets_than_the_promoted_model_fails_by_the_tolerance(caplog):
+    """Against a promoted model, the mean STS dev score may fall max_dev_regression (0.2) points below its, no more,
+    whatever the test scores; without one (a first run) there is no such rule."""
+    caplog.set_level(logging.INFO, logger="tasks")
+    decide = validate.promotion.decide
+    params = config.parse(validate.ValidateParams, {"model_run": "x", "max_regression": 100.0})
+    reference, scores = {"STS-B test": 80.0, "SICK-R test": 75.0}, {"STS-B test": 81.0, "SICK-R test": 76.0}
+    within = DevVersusPromoted(run="p", student=79.85, promoted=80.0)
+    worse = within.model_copy(update={"student": 79.7})
+    assert decide(scores, reference, "promoted model p", params, within).passed
+    assert (
+        "gate STS dev (mean): 79.85, threshold 79.80 (the promoted model p's 80.00 less 0.20): pass" in caplog.messages
+    )
+    refused = decide(scores, reference, "promoted model p", params, worse)
+    assert not refused.passed
+    assert refused.reasons == ["STS dev (mean) 79.70 regresses more than 0.20 below the promoted model p's 80.00"]
+    (rule,) = [r for r in refused.rules if r.score == "STS dev (mean)"]
+    assert (rule.rule, rule.value, rule.threshold, rule.passed) == ("regression", 79.7, 79.8, False)
+    looser = params.model_copy(update={"max_dev_regression": 1.0})
+    assert decide(scores, reference, "promoted model p", looser, worse).passed
+    assert [r.score for r in decide(scores, reference, "baseline", params).rules] == list(validate.GATED)
 
 
 @pytest.mark.parametrize(
@@ -317,6 +343,29 @@ def test_report_warns_when_the_training_data_drifted():
     assert _visible_text(unmeasured) == "Drift not measured: 1 sentences shard(s) not encoded"
 
 
+def test_the_validated_card_carries_the_test_scores_the_overlap_and_the_verdict(store):
+    """The validation publishes the student's card with what it measured: the test scores and the neighbour overlap
+    as model-index results of Hub tasks, and a section with the STS table, the gate's verdict and the training data
+    in place of the note that validation is to come."""
+    from huggingface_hub import ModelCard
+
+    result = _validate(store, model_run="good", max_regression=100.0)
+    stats = result.manifest.stats
+    validated = ModelCard(storage.read_bytes(result.manifest.output_named("model_card.md").uri).decode())
+    found = {(r.dataset_name, r.metric_type): r for r in validated.data.eval_results}
+    student = stats["sts"]["student"]
+    assert found[("STS Benchmark", "spearman_cosine")].metric_value == round(student["STS-B test"] / 100, 5)
+    assert found[("SICK-R", "spearman_cosine")].dataset_split == "test"
+    overlap = next(r for (name, metric), r in found.items() if metric == "recall_at_10")
+    assert overlap.metric_value == round(stats["retrieval"]["recall_at_10_vs_teacher"], 5)
+    assert {r.task_type for r in validated.data.eval_results} <= {"sentence-similarity", "feature-extraction"}
+    text = validated.text
+    assert f"Validated by run `{result.manifest.run_id}`: the quality gate passed" in text
+    assert f"| student | {student['STS-B test']:.2f} | {student['SICK-R test']:.2f} |" in text
+    assert "Training data: 300 staged sentences of the store's partitions 2026-11-01" in text
+    assert "The test scores (STS-B test, SICK-R test, retrieval) and the quality gate are measured" not in text
+
+
 class _Killed(BaseException):
     """Ends a run where a kill would, past every ``except Exception``."""
 
@@ -327,10 +376,10 @@ def test_a_rerun_completes_a_model_promotion_its_run_did_not_finish(store, monke
     caplog.set_level(logging.INFO, logger="tasks")
     with monkeypatch.context() as patch:  # killed between publishing its manifest and moving the pointer
         patch.setattr(validate.promotion, "promote_model", lambda *args: (_ for _ in ()).throw(_Killed()))
-        with pytest.raises(_Killed):
-            _validate(store, model_run="short", max_regression=100.0)
+        with pytest.raises(_Killed):  # its gate open (tiny students' scores are noise)
+            _validate(store, model_run="short", max_regression=100.0, max_dev_regression=100.0)
     assert catalog.read_pointer(store, Pointer.MODEL)[0].model_run == "good"
-    rerun = _validate(store, model_run="short", max_regression=100.0)
+    rerun = _validate(store, model_run="short", max_regression=100.0, max_dev_regression=100.0)
     promoted, _ = catalog.read_pointer(store, Pointer.MODEL)
     assert rerun.skipped and promoted.model_run == "short"
     assert promoted.scores == rerun.stats["sts"]["student"]
@@ -366,26 +415,3 @@ def test_two_promotions_at_once_have_one_winner(store):
     [lost] = [o for o in outcomes if isinstance(o, validate.ValidateError)]
     assert "another promotion happened since this validation started" in str(lost)
     assert catalog.read_pointer(store, Pointer.MODEL)[0].model_run == winner
-
-
-def test_the_validated_card_carries_the_test_scores_the_overlap_and_the_verdict(store):
-    """The validation publishes the student's card with what it measured: the test scores and the neighbour overlap
-    as model-index results of Hub tasks, and a section with the STS table, the gate's verdict and the training data
-    in place of the note that validation is to come."""
-    from huggingface_hub import ModelCard
-
-    result = _validate(store, model_run="good", max_regression=100.0)
-    stats = result.manifest.stats
-    validated = ModelCard(storage.read_bytes(result.manifest.output_named("model_card.md").uri).decode())
-    found = {(r.dataset_name, r.metric_type): r for r in validated.data.eval_results}
-    student = stats["sts"]["student"]
-    assert found[("STS Benchmark", "spearman_cosine")].metric_value == round(student["STS-B test"] / 100, 5)
-    assert found[("SICK-R", "spearman_cosine")].dataset_split == "test"
-    overlap = next(r for (name, metric), r in found.items() if metric == "recall_at_10")
-    assert overlap.metric_value == round(stats["retrieval"]["recall_at_10_vs_teacher"], 5)
-    assert {r.task_type for r in validated.data.eval_results} <= {"sentence-similarity", "feature-extraction"}
-    text = validated.text
-    assert f"Validated by run `{result.manifest.run_id}`: the quality gate passed" in text
-    assert f"| student | {student['STS-B test']:.2f} | {student['SICK-R test']:.2f} |" in text
-    assert "Training data: 300 staged sentences of the store's partitions 2026-11-01" in text
-    assert "The test scores (STS-B test, SICK-R test, retrieval) and the quality gate are measured" not in text

@@ -48,6 +48,15 @@ class NeighbourOverlap(Record):
     queries: int
 
 
+class DevVersusPromoted(Record):
+    """The mean STS dev score (STS-B dev and SICK-R trial, Spearman x100) of this run's student and of the promoted
+    ``run``'s, measured alike: what the gate's rule against a retrain that does worse compares."""
+
+    run: str
+    student: float
+    promoted: float
+
+
 class VersusPromoted(Record):
     """This run against the promoted ``run``: the student's STS deltas on the gated pair sets (this run minus the
     promoted), the neighbour agreement, and the rows of ``hpd runs compare`` that differ."""

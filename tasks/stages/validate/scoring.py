@@ -30,7 +30,7 @@ from tasks.ml import metrics, sts
 from tasks.stages import encode_teacher
 from tasks.stages.params import DistillParams, ValidateParams
 from tasks.stages.validate.errors import ValidateError
-from tasks.stages.validate.records import NeighbourOverlap
+from tasks.stages.validate.records import DevVersusPromoted, NeighbourOverlap
 
 if TYPE_CHECKING:
     from tasks.stages.quality import QualityResults
@@ -90,6 +90,7 @@ class Measurements:
     retrieval: Retrieval
     plots: Plots
     neighbours_vs_promoted: NeighbourOverlap | None = None
+    dev_vs_promoted: DevVersusPromoted | None = None
 
 
 def measure(
@@ -100,7 +101,8 @@ def measure(
     progress: bool = False,
 ) -> Measurements:
     """Score the exported student of ``distilled`` and its references on ``pair_sets`` and a corpus sample; with
-    ``promoted`` (another run's promotion), also how far both students agree on the sample's neighbours. The
+    ``promoted`` (another run's promotion), also how far both students agree on the sample's neighbours and both
+    students' mean STS dev score. The
     scores done are logged as progress (a bar with ``progress``)."""
     from tasks.ml import student
     from tasks.ml.encoder import SentenceEncoder
@@ -124,10 +126,10 @@ def measure(
             },
         )
         found = metrics.nearest(student_corpus, student_corpus, 10, exclude_self=True)  # each sample row's 10 nearest
-        overlap = None
-        if promoted is not None:
-            overlap = _neighbour_overlap(promoted, found, corpus.texts, Path(scratch))
-        return Measurements(table, _retrieval(model.encode, found, corpus, stsb), plots, overlap)
+        overlap, dev = (
+            _versus_promoted(promoted, model, found, corpus.texts, Path(scratch)) if promoted else (None, None)
+        )
+        return Measurements(table, _retrieval(model.encode, found, corpus, stsb), plots, overlap, dev)
 
 
 def _sts_table(encoders: dict[str, Encode], pair_sets: list[sts.PairSet], what: str, bar: bool) -> StsTable:
@@ -142,15 +144,24 @@ def _sts_table(encoders: dict[str, Encode], pair_sets: list[sts.PairSet], what: 
     return StsTable.model_validate(scores)
 
 
-def _neighbour_overlap(promoted: PromotedModel, found: np.ndarray, texts: list[str], scratch: Path) -> NeighbourOverlap:
-    """The mean share of each sample sentence's 10 nearest sample sentences (``found``, by this run's student)
-    that the promoted run's student also ranks among its 10 nearest (1: the same neighbours)."""
+def _versus_promoted(
+    promoted: PromotedModel, model: Any, found: np.ndarray, texts: list[str], scratch: Path
+) -> tuple[NeighbourOverlap, DevVersusPromoted]:
+    """This run's student (``model``) against the promoted run's: the mean share of each sample sentence's 10
+    nearest sample sentences (``found``, by this run's student) that the promoted one also ranks among its 10
+    nearest (1: the same neighbours), and both students' mean STS dev score."""
     from tasks.ml import student
     from tasks.ml.encoder import SentenceEncoder
 
-    theirs = SentenceEncoder.load(str(student.fetch_published(promoted.distilled, scratch / "promoted"))).encode(texts)
-    overlap = metrics.recall_at_k(found, metrics.nearest(theirs, theirs, 10, exclude_self=True))
-    return NeighbourOverlap(run=promoted.model_run, overlap_at_10=round(overlap, 4), queries=len(texts))
+    theirs = SentenceEncoder.load(str(student.fetch_published(promoted.distilled, scratch / "promoted")))
+    vectors = theirs.encode(texts)
+    overlap = metrics.recall_at_k(found, metrics.nearest(vectors, vectors, 10, exclude_self=True))
+    dev = DevVersusPromoted(
+        run=promoted.model_run,
+        student=round(sts.dev_score(model.encode), 2),
+        promoted=round(sts.dev_score(theirs.encode), 2),
+    )
+    return NeighbourOverlap(run=promoted.model_run, overlap_at_10=round(overlap, 4), queries=len(texts)), dev
 
 
 def _encoders(

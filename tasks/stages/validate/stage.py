@@ -47,7 +47,9 @@ def run(params: ValidateParams, force: bool = False, progress: bool = False) -> 
     with stage_run.phase("drift"):
         training_drift = _training_drift(params.store, distilled, pointer.model_run if pointer else None)
     reference_name, reference_scores = promotion.reference(pointer, measured.sts)
-    decision = promotion.decide(measured.sts.student, reference_scores, reference_name, params)
+    decision = promotion.decide(
+        measured.sts.student, reference_scores, reference_name, params, measured.dev_vs_promoted
+    )
     report = ValidationReport(
         sts=measured.sts,
         fidelity=fidelity,

@@ -48,18 +48,22 @@ def report(
     }
     from tasks.ml import student  # torch: only where a validation ran
 
-    files = {o.uri.rsplit("/", 1)[-1]: o for o in stage_run.outputs}
-    artifacts = {
-        name: storage.read_bytes(files[name].uri, sha256=files[name].sha256).decode()
-        for name in ARTIFACTS
-        if name in files
-    }
     return tracking.Report(
         stage="validate",
         name=params.model_run,
         params=tracking.params_of(params),
         metrics={name: float(value) for name, value in metrics.items()},
         tags=tags,
-        artifacts=artifacts,
+        artifacts=_artifacts(stage_run),
         model_source=student.model_folder(distilled),
     )
+
+
+def _artifacts(stage_run: manifest.StageRun) -> dict[str, str]:
+    """The :data:`ARTIFACTS` among the run's outputs, by name, read back verified."""
+    files = {o.uri.rsplit("/", 1)[-1]: o for o in stage_run.outputs}
+    return {
+        name: storage.read_bytes(files[name].uri, sha256=files[name].sha256).decode()
+        for name in ARTIFACTS
+        if name in files
+    }
