@@ -38,9 +38,8 @@ def pytest_configure(config: pytest.Config) -> None:
 # airflow`'s services (SQLite, the LocalExecutor), the chaos test, the retrain decisions through Airflow and
 # distillation's on the third. The rest fill in around them.
 LIVE_AIRFLOW = ("tests/dags/test_airflow_services.py", "tests/dags/test_celery_workers.py")
-# Modules whose tests are units of work of their own, so that the workers share them: the chain on file:// and on S3,
-# and the chaos cases (their stores are built once for every worker).
-SPLIT_BY_TEST = ("tests/dags/test_dag_runs.py", "tests/test_chaos.py")
+# Modules whose tests are units of work of their own, so that two workers share them: the chain on file:// and on S3.
+SPLIT_BY_TEST = ("tests/dags/test_dag_runs.py",)
 LONGEST_FIRST = (
     *LIVE_AIRFLOW,
     "tests/dags/test_dag_runs.py",

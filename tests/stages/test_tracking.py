@@ -29,6 +29,7 @@ def tracked(tmp_path_factory):
     root = tmp_path_factory.mktemp("tracking")
     prepared = projected_store(root, corpus_lines(160), DAY, shard_rows=80)
     uri = f"sqlite:///{root / 'mlflow.db'}"
+    MlflowClient(tracking_uri=uri).create_experiment("hpd-test", artifact_location=(root / "artifacts").as_uri())
     with pytest.MonkeyPatch.context() as env:
         env.delenv(tracking.TRACKING_URI, raising=False)
         distill_tiny(prepared, "untracked", max_steps=2, blend_initial=[])
@@ -133,7 +134,7 @@ def test_validate_logs_its_report_and_card_and_registers_the_promoted_student_as
     published = tracked["validate"].manifest
     assert {a.path for a in client.list_artifacts(run.info.run_id)} == {"report.html", "model_card.md"}
     for name in ("report.html", "model_card.md"):
-        logged = client.download_artifacts(run.info.run_id, name, str(tracked["root"] / "artifacts"))
+        logged = client.download_artifacts(run.info.run_id, name, str(tracked["root"] / "downloaded"))
         assert open(logged, "rb").read() == storage.read_bytes(published.output_named(name).uri)
     champion = client.get_model_version_by_alias(tracking.DEFAULT_MODEL, tracking.CHAMPION)
     assert champion.run_id == run.info.run_id and champion.tags["hpd.run_name"] == "tracked"

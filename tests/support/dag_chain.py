@@ -21,21 +21,22 @@ def run_in_one_process(plan: demo.DemoPlan) -> dict[str, str]:
     plan.airflow_home.mkdir(parents=True, exist_ok=True)
     airflow = str(Path(sys.executable).parent / "airflow")
     subprocess.run([airflow, "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
-    arguments = json.dumps([str(plan.dags_folder), plan.day.isoformat(), plan.confs()])
+    states = plan.airflow_home / "dag-states.json"
+    arguments = json.dumps([str(plan.dags_folder), plan.day.isoformat(), plan.confs(), str(states)])
     call = "import sys; from tests.support.dag_chain import run_dags; run_dags(sys.argv[1])"
     done = subprocess.run(
         [sys.executable, "-c", call, arguments], env=env, cwd=REPO, capture_output=True, text=True, timeout=540
     )
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
-    return json.loads(done.stdout.splitlines()[-1])
+    return json.loads(states.read_text())
 
 
 def run_dags(arguments: str) -> None:
-    """In the child: ``dag.test()`` of each DAG of ``[dags folder, day, {dag id: conf}]`` for that logical date;
-    prints each run's state as the last line of JSON."""
+    """In the child: ``dag.test()`` of each DAG of ``[dags folder, day, {dag id: conf}, states file]`` for that
+    logical date; writes each run's state to the states file, as JSON (Airflow's logs go to stdout)."""
     from airflow.dag_processing.dagbag import DagBag
 
-    folder, day, confs = json.loads(arguments)
+    folder, day, confs, written = json.loads(arguments)
     bag = DagBag(folder)
     logical_date = datetime.combine(date.fromisoformat(day), datetime.min.time(), UTC)
     states: dict[str, str] = {}
@@ -43,4 +44,4 @@ def run_dags(arguments: str) -> None:
         states[dag_id] = str(bag.get_dag(dag_id).test(logical_date=logical_date, run_conf=conf).state)
         if states[dag_id] != "success":
             break  # as the demo stops at a DAG that fails
-    print(json.dumps(states))
+    Path(written).write_text(json.dumps(states))
