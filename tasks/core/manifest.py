@@ -213,6 +213,11 @@ class ManifestError(ValueError):
     """A manifest that does not validate, or a concurrent run that published a different one."""
 
 
+class ConcurrentPublish(ManifestError):
+    """A concurrent run of the same stage and key published a manifest for other inputs or params first (the
+    quality report and a retrain checking one partition at once, say): another try runs against it."""
+
+
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -563,7 +568,7 @@ class StageRun:
         except storage.PreconditionFailed:
             winner = parse(self.uri, storage.read_bytes(self.uri), self.store)
             if winner.fingerprint != self.fingerprint:
-                raise ManifestError(
+                raise ConcurrentPublish(
                     f"{self.uri}: a concurrent {self.stage} run published a manifest for "
                     f"different inputs or params; rerun to reconcile"
                 ) from None

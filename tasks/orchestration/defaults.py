@@ -49,6 +49,7 @@ PERMANENT_ERRORS = frozenset(
 TRANSIENT_ERRORS = frozenset(
     {
         "tasks.core.catalog.PointerMoved",
+        "tasks.core.manifest.ConcurrentPublish",
         "tasks.core.uris.StorageError",
         "tasks.stages.build_index.PromotionConflict",
         "tasks.stages.stage_corpus.id_hasher.HasherError",

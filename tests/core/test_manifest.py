@@ -62,7 +62,7 @@ def test_rerun_replaces_the_manifest_and_a_concurrent_change_is_refused(store):
     rerun = _run(store, params={"k": 2})
     assert rerun.skip_result(force=False) is None
     _run(store, params={"k": 3}).publish()  # someone else published in between
-    with pytest.raises(manifest.ManifestError, match="concurrent"):
+    with pytest.raises(manifest.ConcurrentPublish, match="concurrent"):
         rerun.publish()
     assert manifest.read(store, "demo_stage", "ingest_date=2026-11-30").params == {"k": 3}
 

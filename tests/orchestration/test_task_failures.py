@@ -56,6 +56,7 @@ def test_an_unreachable_store_is_retried(monkeypatch):
 
 
 def test_the_nearest_listed_class_decides():
+    from tasks.core.manifest import ConcurrentPublish, ManifestError
     from tasks.core.storage.objects import IntegrityError, ObjectNotFound
     from tasks.stages.build_index import PromotionConflict, RecallTooLow
 
@@ -63,6 +64,8 @@ def test_the_nearest_listed_class_decides():
     assert _action(ObjectNotFound("file:///s/a", "missing")) is RetryAction.RETRY
     assert _action(PromotionConflict("moved by another rebuild")) is RetryAction.RETRY  # an IndexBuildError, a race
     assert _action(RecallTooLow("recall 0.5 < 0.9")) is RetryAction.FAIL
+    assert _action(ManifestError("not a manifest")) is RetryAction.FAIL
+    assert _action(ConcurrentPublish("another run published other work first")) is RetryAction.RETRY  # a race
     assert _action(KeyError("x")) is RetryAction.DEFAULT and error_kind(OSError("reset")) is None
 
 
