@@ -77,14 +77,7 @@ def _variants(corpus: list[str], needed: int, seen: set[str]) -> list[str]:
     from tasks.ml import wordnet
     from tasks.stages.augment import synonym_substitute
 
-    reader, found, generation = wordnet.load(), list[str](), 0
-    cache: dict[str, list[str]] = {}
-
-    def synonyms(word: str) -> list[str]:
-        if word not in cache:
-            names = {lemma.name().replace("_", " ") for synset in reader.synsets(word) for lemma in synset.lemmas()}
-            cache[word] = sorted(n for n in names if n.lower() != word)
-        return cache[word]
+    synonyms, found, generation = wordnet.synonyms_of(wordnet.load()), list[str](), 0
 
     while len(found) < needed:
         rng = random.Random(generation)

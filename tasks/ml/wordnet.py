@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import warnings
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 
@@ -165,6 +166,18 @@ def source_folder(cache: Path | None = None) -> Path:
 def load(data_dir: Path | None = None):
     """NLTK's WordNet reader over the installed copy (parsed once per process: it takes seconds)."""
     return _load(data_dir or nltk_data_dir())
+
+
+def synonyms_of(reader) -> Callable[[str], list[str]]:
+    """A lookup of a word's WordNet synonyms through ``reader`` (each lemma of each of its synsets, the word
+    itself left out, sorted), each word looked up once."""
+
+    @cache
+    def synonyms(word: str) -> list[str]:
+        names = {lemma.name().replace("_", " ") for synset in reader.synsets(word) for lemma in synset.lemmas()}
+        return sorted(n for n in names if n.lower() != word)
+
+    return synonyms
 
 
 @cache

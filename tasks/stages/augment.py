@@ -128,13 +128,7 @@ def _wordnet_augmenter(params: AugmentParams) -> Augmenter:
         reader = wordnet.load()
     except wordnet.WordNetMissing as exc:
         raise AugmentError(f"wordnet augmentation: {exc}") from None
-    cache: dict[str, list[str]] = {}
-
-    def synonyms(word: str) -> list[str]:
-        if word not in cache:
-            names = {lemma.name().replace("_", " ") for synset in reader.synsets(word) for lemma in synset.lemmas()}
-            cache[word] = sorted(n for n in names if n.lower() != word)
-        return cache[word]
+    synonyms = wordnet.synonyms_of(reader)
 
     def apply(parents: list[tuple[str, str]]) -> list[str]:
         return [
