@@ -58,21 +58,13 @@ LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 # Libraries that log routine chatter as INFO or WARNING (FAISS's loader lines, transformers' and torch's notices,
 # Python warnings): at the default level, only their errors are shown.
 CHATTY = ("faiss", "transformers", "sentence_transformers", "torch", "huggingface_hub", "py.warnings")
-DEMO_DEFAULTS = {
-    "airflow_home": "var/airflow",
-    "rows": 2000,
-    "date": date(2026, 11, 30),
-    "dags_folder": "dags",
-    "source": "data/corpus/sentences.tsv.gz",
-    "query": "A man is playing a guitar.",
-}
-DEMO_OPTIONS = (  # each demo option: its name, its type, what it is
-    ("airflow_home", str, "AIRFLOW_HOME of the demo's Airflow"),
-    ("rows", int, "corpus sentences to ingest"),
-    ("date", date.fromisoformat, "the partition's day"),
-    ("dags_folder", str, "the DAG files, from the checkout"),
-    ("source", str, "the corpus to sample, from the checkout"),
-    ("query", str, "a sample search on the new index"),
+DEMO_OPTIONS = (  # each demo option: its name, its type, its default, what it is
+    ("airflow_home", str, "var/airflow", "AIRFLOW_HOME of the demo's Airflow"),
+    ("rows", int, 2000, "corpus sentences to ingest"),
+    ("date", date.fromisoformat, date(2026, 11, 30), "the partition's day"),
+    ("dags_folder", str, "dags", "the DAG files, from the checkout"),
+    ("source", str, "data/corpus/sentences.tsv.gz", "the corpus to sample, from the checkout"),
+    ("query", str, "A man is playing a guitar.", "a sample search on the new index"),
 )
 
 
@@ -314,11 +306,10 @@ def _add_demo_parser(sub: Any, common: argparse.ArgumentParser) -> None:
         "`airflow dags test` (SQLite metadata), then print where the outputs are",
         parents=[common],
     )
-    demo.set_defaults(**DEMO_DEFAULTS)
     demo.add_argument("--store", default=None, help="root URI of the object store (default: $HPD_STORE)")
-    for name, kind, text in DEMO_OPTIONS:
+    for name, kind, default, text in DEMO_OPTIONS:
         flag = "--" + name.replace("_", "-")
-        demo.add_argument(flag, type=kind, help=f"{text} (default: {DEMO_DEFAULTS[name]})")
+        demo.add_argument(flag, type=kind, default=default, help=f"{text} (default: {default})")
     _add_output(demo, "table", "the chain's seconds, its outputs and the search's hits", "the same as lines")
 
 
