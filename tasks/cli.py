@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
-from tasks.core import config, uris
+from tasks.core import config, tables, uris
 from tasks.core.catalog import RUN_NAME_PATTERN, Stage
 from tasks.core.settings import SettingsError
 from tasks.core.uris import StorageError, store_root, to_uri
@@ -477,7 +477,12 @@ def _run_stage(stage: Stage, args: argparse.Namespace) -> int:
     elif stage == Stage.DRIFT:
         print(module.render(result.manifest.key, result.stats))
     else:
-        print(_rows(summary))
+        rows = {"manifest": result.manifest_uri, "skipped": result.skipped, **tables.flat("stats", result.stats)}
+        print(
+            tables.table(
+                [[name, tables.shown(value)] for name, value in {**rows, "outputs": len(result.outputs)}.items()]
+            )
+        )
     return 0
 
 
@@ -493,18 +498,6 @@ def _by_flag(exc: config.ConfigError) -> str:
         items = "".join(f" (item {int(part) + 1})" if part.isdigit() else f".{part}" for part in inner)
         shown.append(f"--{name.replace('_', '-')}{items}: {problem}")
     return "; ".join(shown) or str(exc)
-
-
-def _rows(record: dict[str, Any], prefix: str = "") -> str:
-    """A record as a two-column table: each leaf's dotted name and its value (a list of records: its length)."""
-    lines = []
-    for name, value in record.items():
-        if isinstance(value, dict) and value:
-            lines.append(_rows(value, f"{prefix}{name}."))
-        else:
-            shown = json.dumps(value) if isinstance(value, (list, dict, type(None))) else str(value)
-            lines.append(f"{prefix + name:<40}  {shown}")
-    return "\n".join(lines)
 
 
 def _error(exc: BaseException) -> None:

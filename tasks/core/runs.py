@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.core import catalog, manifest, partitions, promoted, storage
+from tasks.core import catalog, manifest, partitions, promoted, storage, tables
 from tasks.core.catalog import Stage
 from tasks.core.stage_records import GATED, GateVerdict, Record, RecordError, ValidateStats
 
@@ -60,20 +60,24 @@ class Run(Record):
 
     def compared(self) -> dict[str, Any]:
         """Everything compared about the run, by row name: params, inputs, metrics, gate, durations."""
-        rows: dict[str, Any] = {"created": self.created, "promoted": self.promoted, **_flat("params", self.params)}
-        rows |= {"partitions": self.partitions, **_flat("fidelity", self.fidelity), **self._validation_rows()}
+        rows: dict[str, Any] = {
+            "created": self.created,
+            "promoted": self.promoted,
+            **tables.flat("params", self.params),
+        }
+        rows |= {"partitions": self.partitions, **tables.flat("fidelity", self.fidelity), **self._validation_rows()}
         validate_timings = None if self.validation is None else self.validation.timings
-        return rows | _flat("timings.distill", self.timings) | _flat("timings.validate", validate_timings)
+        return rows | tables.flat("timings.distill", self.timings) | tables.flat("timings.validate", validate_timings)
 
     def _validation_rows(self) -> dict[str, Any]:
         """The student's STS scores and the gate's reference, retrieval, the gate, its margins and params."""
         if self.validation is None:
             return {"gate": self.gate}
         validation, gate = self.validation, self.validation.gate
-        rows = _flat("sts.student", _gated_first(validation.sts.student))
-        rows |= {"gate.reference": gate.reference, **_flat("sts.reference", _gated_first(gate.reference_scores))}
-        rows |= {**_flat("retrieval", validation.retrieval.model_dump()), "gate": self.gate, **_margins(gate)}
-        return rows | _flat("validate.params", validation.params)
+        rows = tables.flat("sts.student", _gated_first(validation.sts.student))
+        rows |= {"gate.reference": gate.reference, **tables.flat("sts.reference", _gated_first(gate.reference_scores))}
+        rows |= {**tables.flat("retrieval", validation.retrieval.model_dump()), "gate": self.gate, **_margins(gate)}
+        return rows | tables.flat("validate.params", validation.params)
 
 
 def _validation(store: str, name: str, distilled: manifest.Manifest) -> tuple[str, Validation | None]:
@@ -156,19 +160,8 @@ class Comparison(Record):
     def render(self) -> str:
         """``name  A  B`` per row, the rows that differ marked ``*`` in front."""
         header = [" ", "", self.a, self.b]
-        rows = [[MARK if r.differs else "", r.name, _shown(r.a), _shown(r.b)] for r in self.rows]
-        return _table([header, *rows])
-
-
-def _flat(prefix: str, values: dict[str, Any] | None) -> dict[str, Any]:
-    """``values`` as ``prefix.name`` rows, nested dicts flattened the same way."""
-    rows: dict[str, Any] = {}
-    for name, value in (values or {}).items():
-        if isinstance(value, dict):
-            rows |= _flat(f"{prefix}.{name}", value)
-        else:
-            rows[f"{prefix}.{name}"] = value
-    return rows
+        rows = [[MARK if r.differs else "", r.name, tables.shown(r.a), tables.shown(r.b)] for r in self.rows]
+        return tables.table([header, *rows])
 
 
 def _margins(gate: GateVerdict) -> dict[str, float]:
@@ -197,29 +190,12 @@ def compare_runs(a: Run, b: Run) -> Comparison:
 
 
 # -- rendering ----------------------------------------------------------------------------------------------
-def _shown(value: Any) -> str:
-    """A value as a table cell: ``-`` for none, floats to 6 significant digits, lists comma-separated."""
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return format(value, ".6g")
-    if isinstance(value, list):
-        return ", ".join(_shown(v) for v in value) or "[]"
-    return str(value)
-
-
-def _table(rows: list[list[str]]) -> str:
-    """Left-aligned columns, two spaces apart."""
-    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows)
-
-
 def render_list(runs: list[Run]) -> str:
     """One line per run: name, created, partitions, the student's gated scores, gate, ``*`` if promoted."""
     header = ["run", "created", "partitions", *GATED, "gate", "promoted"]
     lines = [
         [r.name, r.created[:19].replace("T", " "), ", ".join(r.partitions) or "-"]
-        + [*(_shown(r.student_score(s)) for s in GATED), r.gate, MARK if r.promoted else ""]
+        + [*(tables.shown(r.student_score(s)) for s in GATED), r.gate, MARK if r.promoted else ""]
         for r in runs
     ]
-    return _table([header, *lines]) if runs else "no model runs"
+    return tables.table([header, *lines]) if runs else "no model runs"
