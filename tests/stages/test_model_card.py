@@ -14,7 +14,7 @@ import yaml
 from tasks.ml import models, student
 from tasks.ml.encoder import SentenceEncoder
 from tasks.stages.distill import card
-from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
+from tests.support.projected_store import STS_DEV_SELECTION, corpus_lines, distill_tiny, projected_store
 
 pytestmark = pytest.mark.models
 
@@ -29,7 +29,7 @@ def published(tmp_path_factory):
     fetched from the store."""
     root = tmp_path_factory.mktemp("card")
     prepared = projected_store(root, corpus_lines(120), DAY, shard_rows=60)
-    result = distill_tiny(prepared, RUN, max_steps=4)
+    result = distill_tiny(prepared, RUN, max_steps=4, **STS_DEV_SELECTION)
     folder = student.fetch_exported(prepared["store"], RUN, root / "fetched")
     return {"root": root, "result": result, "folder": folder, "text": (folder / "README.md").read_text()}
 

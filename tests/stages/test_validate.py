@@ -14,7 +14,7 @@ from tasks.core import catalog, config, manifest, storage
 from tasks.core.catalog import Pointer, Stage
 from tasks.stages import validate
 from tasks.stages.validate.records import DevVersusPromoted
-from tests.support.projected_store import PCA_NAME, corpus_lines, distill_tiny, projected_store
+from tests.support.projected_store import PCA_NAME, STS_DEV_SELECTION, corpus_lines, distill_tiny, projected_store
 
 pytestmark = pytest.mark.models
 
@@ -27,7 +27,7 @@ def store(tmp_path_factory):
     prepared = projected_store(tmp_path_factory.mktemp("validate"), corpus_lines(300), DAY, shard_rows=150)
     for name, steps in (("good", 20), ("short", 1)):
         # random batches: on 300 sentences, 20 length-grouped steps do not move 'good' past its initial weights
-        distill_tiny(prepared, name, max_steps=steps, lr=1e-3, length_grouped=False)
+        distill_tiny(prepared, name, max_steps=steps, lr=1e-3, length_grouped=False, **STS_DEV_SELECTION)
     return prepared["store"]
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from tasks.core import catalog, config
 from tasks.core.catalog import ModelPointer, Stage
 from tasks.stages import encode_teacher, stage_corpus
-from tests.support.projected_store import corpus_lines, distill_tiny, projected_store
+from tests.support.projected_store import STS_DEV_SELECTION, corpus_lines, distill_tiny, projected_store
 
 TRAINED, NEW, LATER = date(2026, 11, 1), date(2026, 11, 2), date(2026, 11, 3)
 TRAINED_ROWS = 80
@@ -19,7 +19,7 @@ def promoted_store(root: Path) -> dict:
     """A model 'tiny' trained on 80 sentences of partition TRAINED and promoted: the prepared store (its URI,
     teacher and student), with ``root`` and the distill manifest (``distilled``)."""
     prepared = projected_store(root, corpus_lines(TRAINED_ROWS), TRAINED, shard_rows=40)
-    distilled = distill_tiny(prepared, "tiny", max_steps=1).manifest
+    distilled = distill_tiny(prepared, "tiny", max_steps=1, **STS_DEV_SELECTION).manifest  # exports the step-1 weights
     store = prepared["store"]
     validation = catalog.manifest_uri(store, Stage.VALIDATE, "tiny")
     catalog.move_pointer(store, ModelPointer("tiny", {}, validation, distilled.version_uri(store)), None)
