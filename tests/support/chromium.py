@@ -43,6 +43,8 @@ class PageLoad:
     finished: set[str] = field(default_factory=set)
     text: str = ""  # the rendered page's text (document.body.innerText) once it has settled
     links: list[str] = field(default_factory=list)  # the settled page's link targets (absolute URLs)
+    title: str = ""
+    images: int = 0  # images drawn at least 100 pixels wide (plots)
 
     def note(self, event: dict[str, Any]) -> None:
         method, params = event.get("method"), event.get("params", {})
@@ -50,7 +52,7 @@ class PageLoad:
             self.requested[params["requestId"]] = params["request"]["url"]
         elif method in ("Network.loadingFinished", "Network.loadingFailed"):
             self.finished.add(params["requestId"])
-            if method == "Network.loadingFailed":
+            if method == "Network.loadingFailed" and not params.get("canceled"):  # the page's own abort is no failure
                 url = self.requested.get(params["requestId"], "?")
                 self.failed.append((url, params.get("blockedReason") or params["errorText"]))
         elif method == "Runtime.exceptionThrown":
@@ -153,9 +155,12 @@ def _record(pipe: _Pipe, url: str, timeout: float, visit: Visit) -> PageLoad:
         pipe.call("Network.setCookie", session, name=name, value=value, url=url)
     pipe.send("Page.navigate", session, url=url)
     page = _settle(pipe, session, url, timeout)
-    read = "[document.body.innerText, Array.from(document.querySelectorAll('a[href]'), a => a.href)]"
+    read = (
+        "[document.body.innerText, Array.from(document.querySelectorAll('a[href]'), a => a.href), document.title, "
+        "Array.from(document.images).filter(i => i.complete && i.naturalWidth > 0 && i.width >= 100).length]"
+    )
     rendered = pipe.call("Runtime.evaluate", session, expression=read, returnByValue=True)["result"]
-    page.text, page.links = rendered["value"]
+    page.text, page.links, page.title, page.images = rendered["value"]
     if visit.screenshot is not None:
         visit.screenshot.write_bytes(base64.b64decode(pipe.call("Page.captureScreenshot", session)["data"]))
     return page
