@@ -21,7 +21,7 @@ from airflow.sdk import PartitionedAssetTimetable, dag, task
 
 from tasks.orchestration.assets import CORPUS_PARTITION, CORPUS_UPDATED
 from tasks.orchestration.dag_params import stage_param
-from tasks.orchestration.defaults import DEFAULT_ARGS, DEFAULT_TEACHER, DEPLOYMENT, STORE_PARAM
+from tasks.orchestration.defaults import DEFAULT_ARGS, DEFAULT_TEACHER, DEPLOYMENT, STORE_PARAM, DataDocsLink
 from tasks.stages.params import DriftParams, QualityParams
 
 CHECKS, DRIFT = "Checks", "Drift"
@@ -49,12 +49,10 @@ CHECKS, DRIFT = "Checks", "Drift"
 def hpd_quality_report():
     @task
     def check_partition(**context) -> dict:
-        from tasks.core.catalog import Stage
         from tasks.orchestration import runtime
 
-        p = runtime.run_params(context)
-        values = {**runtime.pick(p, "teacher", "pca_name"), "ingest_date": runtime.partition_date(context)}
-        return runtime.run_stage(Stage.QUALITY, runtime.stage_params(Stage.QUALITY, values, p)).stats
+        pca_name = runtime.run_params(context).get("pca_name")
+        return runtime.check_quality(context, runtime.partition_date(context), pca_name)
 
     @task
     def drift(checks: dict, **context) -> dict:
@@ -68,7 +66,9 @@ def hpd_quality_report():
 
         return runtime.announce_drift(context, drift)
 
-    announce_drift(drift(check_partition()))
+    checks = check_partition()
+    checks.operator.operator_extra_links = [DataDocsLink()]  # passed: its Data Docs
+    announce_drift(drift(checks))
 
 
 hpd_quality_report()

@@ -20,8 +20,8 @@ targets: the quality stage `hpd_quality_report` runs; a failure fails the run be
 it (STS, fidelity, retrieval, quality gate, HTML report). A failed gate fails the run at once (red, with the
 reasons, scores and report in the log and the alert) and promotes nothing; a passing student becomes
 `models/current.json` and an `hpd_promoted_model` event (store, model run, scores, report) schedules
-`hpd_index`. Either way the `validate` task's **Validation report** link (its `validation_report` XCom) gives
-the report's URI in the store.
+`hpd_index`. Either way the `validate` task's **Validation report** and **Model card** links open them (the
+Airflow plugin serving the store's reports), and its `validation_report` XCom holds the report's URI.
 Errors another try cannot mend (bad params, bad input, a failed check) fail their task on the first try;
 the others (the store unreachable, a lost race) are retried twice.
 The logic lives in `tasks/`; this file only wires it. Params come from the stages' own parameter
@@ -49,6 +49,8 @@ from tasks.orchestration.defaults import (
     PROJECTION,
     STORE_PARAM,
     STUDENT,
+    DataDocsLink,
+    ModelCardLink,
     ValidationReportLink,
     gate_param,
     gpu_executor_config,
@@ -182,10 +184,11 @@ def hpd_retrain():
     day_plan = XComArg(plan().operator, key=PLAN_XCOM)  # the plan every later task reads
     pca_name = fit_pca(day_plan)
     checked = check_quality.partial(pca_name=pca_name).expand(day=training_partitions(day_plan))
+    checked.operator.operator_extra_links = [DataDocsLink()]
     model_run = distill(day_plan, pca_name)
     checked >> model_run
     verdict = validate(model_run)
-    verdict.operator.operator_extra_links = [ValidationReportLink()]  # its report, the gate passed or not
+    verdict.operator.operator_extra_links = [ValidationReportLink(), ModelCardLink()]  # the gate passed or not
     announce_promotion(model_run, verdict)
 
 

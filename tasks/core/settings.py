@@ -63,6 +63,11 @@ def _comma_separated(value: Any) -> Any:
 
 UriSetting = Annotated[str, AfterValidator(_without_credentials)]
 CommaList = Annotated[list[str], NoDecode, BeforeValidator(_comma_separated)]  # a,b,c rather than JSON
+UriList = Annotated[list[UriSetting], NoDecode, BeforeValidator(_comma_separated)]
+_REPORT_STORES = (
+    "stores besides HPD_STORE whose reports the Airflow plugin serves, comma-separated: those your runs name in "
+    "their store param"
+)
 
 
 class Settings(BaseSettings):
@@ -79,6 +84,7 @@ class Settings(BaseSettings):
         description="root of the object store: a folder, file:// or s3://bucket/prefix URI; the default of every "
         "command's --store and every DAG's store param",
     )
+    report_stores: UriList = _var([], section=STORE, description=_REPORT_STORES, shown="(none)")
     aws_conn_id: str | None = _var(
         section=S3,
         description="Airflow connection whose credentials and endpoint the S3 client uses; unset: boto3's own chain "
@@ -144,9 +150,7 @@ class Settings(BaseSettings):
         section=WORKERS,
         description="the Airflow pool of the teacher-encoding tasks; the deployment creates it",
     )
-    encode_pool_slots: int = _var(
-        4, section=WORKERS, description="the pool's slots: teacher encodings running at once", ge=1
-    )
+    encode_pool_slots: int = _var(4, section=WORKERS, description="the pool's slots: encodings running at once", ge=1)
     alert_email: CommaList = _var(
         [], section=ALERTS, description="failure alert recipients, comma-separated; unset: no alerts", shown="(none)"
     )

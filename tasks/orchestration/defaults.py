@@ -1,7 +1,8 @@
 """Defaults shared by the DAG files; imports little beyond the Task SDK, so DAG files parse fast."""
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
+from urllib.parse import urlsplit
 
 from airflow.sdk import BaseOperatorLink, RetryDecision, RetryPolicy
 
@@ -118,21 +119,50 @@ DATA, PROJECTION, STUDENT, GATE = "Data", "Projection", "Student", "Quality gate
 STORE_PARAM = stage_param(
     StageParams, "store", None, "empty: $HPD_STORE, else ./var/store", title="Store", section=DATA
 )
-# The XCom key of the validation report's URI, pushed by hpd_retrain's validate task, and the link to it.
+# The XCom keys of the report objects' URIs a task pushes: hpd_retrain's validate task its report and validated model
+# card, a quality task its Data Docs index. Their links open them as the report plugin serves them.
 REPORT_XCOM = "validation_report"
+CARD_XCOM = "model_card"
+DATA_DOCS_XCOM = "data_docs"
 PLAN_XCOM = "plan"  # hpd_retrain's plan of the day (tasks.orchestration.day_plan), pushed by its first task
 
 
-class ValidationReportLink(BaseOperatorLink):
-    """The ``Validation report`` button of a task that pushes its report's URI as XCom :data:`REPORT_XCOM`."""
+class _ReportLink(BaseOperatorLink):
+    """A task's button to the report object whose URI it pushed as XCom ``uri_key``, in the API server's report
+    plugin (:mod:`tasks.serve.report_plugin`); none when the task pushed none."""
 
-    name = "Validation report"
-    xcom_key = REPORT_XCOM
+    uri_key: ClassVar[str]
 
     def get_link(self, operator: Any, *, ti_key: Any) -> str:
         from airflow.sdk.execution_time.xcom import XCom
 
-        return XCom.get_value(ti_key=ti_key, key=REPORT_XCOM) or ""
+        uri = XCom.get_value(ti_key=ti_key, key=self.uri_key)
+        return report_url(uri) if uri else ""
+
+
+class ValidationReportLink(_ReportLink):
+    name = "Validation report"
+    uri_key = REPORT_XCOM
+
+
+class ModelCardLink(_ReportLink):
+    name = "Model card"
+    uri_key = CARD_XCOM
+
+
+class DataDocsLink(_ReportLink):
+    name = "Data Docs"
+    uri_key = DATA_DOCS_XCOM
+
+
+def report_url(uri: str) -> str:
+    """Where the API server serves the report object ``uri`` (below ``[api] base_url``'s path); "" when it is none."""
+    from airflow.configuration import conf
+
+    from tasks.core.reports import report_path
+
+    path = report_path(uri)
+    return urlsplit(conf.get("api", "base_url", fallback="") or "").path.rstrip("/") + path if path else ""
 
 
 def gpu_executor_config() -> dict:

@@ -13,9 +13,10 @@ from tasks.core import catalog, config, manifest, promoted
 from tasks.core.catalog import Stage
 from tasks.core.config import StageParams
 from tasks.core.manifest import StageResult
+from tasks.core.reports import DATA_DOCS_INDEX, VALIDATED_CARD, VALIDATION_REPORT
 from tasks.core.stage_records import ValidateStats
 from tasks.orchestration import assets
-from tasks.orchestration.defaults import PLAN_XCOM, REPORT_XCOM
+from tasks.orchestration.defaults import CARD_XCOM, DATA_DOCS_XCOM, PLAN_XCOM, REPORT_XCOM
 from tasks.orchestration.run_records import (
     DagParams,
     DriftResult,
@@ -33,6 +34,12 @@ log = logging.getLogger(__name__)
 
 class QualityGateFailed(AirflowFailException):
     """A validated student failed the quality gate: the run fails (no retry) and nothing is promoted."""
+
+
+def push(context: dict, values: dict[str, Any]) -> None:
+    """Push each of ``values`` as an XCom of the running task, under its key."""
+    for key, value in values.items():
+        context["ti"].xcom_push(key=key, value=value)
 
 
 def partition_date(context: dict) -> date:
@@ -145,7 +152,7 @@ def plan_day(context: dict) -> bool:
     params = run_params(context)
     retrain = RetrainParams.model_validate(params)
     made = day_plan.plan(store_of(params), retrain, run_name(context), backfill=is_backfill(context))
-    context["ti"].xcom_push(key=PLAN_XCOM, value=made.model_dump(mode="json"))
+    push(context, {PLAN_XCOM: made.model_dump(mode="json")})
     log.info("%s", made.summary())
     return made.decision.retrain
 
@@ -172,11 +179,15 @@ def fit_pca(context: dict, plan: dict[str, Any]) -> str:
     return parsed.name
 
 
-def check_quality(context: dict, day: str, pca_name: str) -> dict[str, Any]:
-    """The quality stage on partition ``day`` with the targets of PCA run ``pca_name``: a failure fails the task."""
+def check_quality(context: dict, day: str | date, pca_name: str | None) -> dict[str, Any]:
+    """The quality stage on partition ``day`` (with the targets of PCA run ``pca_name``, when named): a failure fails
+    the task. Its Data Docs index is pushed as XCom ``data_docs``: the task's ``Data Docs`` link."""
     params = run_params(context)
     values = {**pick(params, "teacher"), "pca_name": pca_name, "ingest_date": day}
-    return run_stage(Stage.QUALITY, stage_params(Stage.QUALITY, values, params)).stats
+    result = run_stage(Stage.QUALITY, stage_params(Stage.QUALITY, values, params))
+    docs = next((o.uri for o in result.outputs if o.uri.endswith(f"/{DATA_DOCS_INDEX}")), None)
+    push(context, {DATA_DOCS_XCOM: docs})
+    return result.stats
 
 
 DISTILL_SETTINGS = ("teacher", "student", "student_layers", "epochs", "max_steps", "batch_size", "lr", "amp", "onnx")
@@ -199,14 +210,15 @@ def validate(context: dict, model_run: str) -> dict[str, Any]:
     gate = pick(params, "min_stsb", "min_sickr", "max_regression", "max_dev_regression")
     values = {"model_run": model_run, **gate}
     result = run_stage(Stage.VALIDATE, stage_params(Stage.VALIDATE, values, params))
-    context["ti"].xcom_push(key=REPORT_XCOM, value=report_uri(result))
-    log.info("validation report of %s: %s", model_run, report_uri(result))
+    report = output_uri(result, VALIDATION_REPORT)
+    push(context, {REPORT_XCOM: report, CARD_XCOM: output_uri(result, VALIDATED_CARD)})
+    log.info("validation report of %s: %s", model_run, report)
     return gate_verdict(result).model_dump()
 
 
-def report_uri(result: StageResult) -> str | None:
-    """The URI of a validate run's HTML report (None: it wrote none)."""
-    return next((o.uri for o in result.outputs if o.uri.endswith("report.html")), None)
+def output_uri(result: StageResult, name: str) -> str | None:
+    """The URI of the output ``name`` of a stage run (None: it wrote none)."""
+    return next((o.uri for o in result.outputs if o.name == name), None)
 
 
 def partition_drift(context: dict) -> dict[str, Any]:
@@ -271,7 +283,7 @@ def gate_verdict(result: StageResult) -> Verdict:
     """The validate stage's decision with the report's URI; :class:`QualityGateFailed` (its reasons, the
     student's scores against the reference and the report) when the gate failed."""
     stats = ValidateStats.parse(result.stats, f"the stats of {result.manifest_uri}")
-    gate, report = stats.gate, report_uri(result)
+    gate, report = stats.gate, output_uri(result, VALIDATION_REPORT)
     scores = stats.sts.student
     if not gate.passed:
         raise QualityGateFailed(

@@ -9,12 +9,15 @@ the rest are skipped, naming it."""
 import gzip
 import json
 import time
+from urllib.parse import unquote
 
+import httpx
 import pytest
 
 from tasks.core import catalog, manifest, partitions, storage
 from tasks.core.catalog import Stage
 from tasks.ml import segments
+from tests.support import chromium
 from tests.support.airflow_services import AirflowServices
 from tests.support.paths import REPO as ROOT
 from tests.support.postgres import postgres_bindir
@@ -63,6 +66,7 @@ def services(tmp_path_factory, sink):
         home,
         {
             "HPD_STORE": storage.to_uri(str(home / "default-store")),  # must stay empty: runs name their store
+            "HPD_REPORT_STORES": storage.to_uri(str(home / "store")),  # the one they name: the plugin serves it
             "HPD_DEFAULT_SOURCE": str(home / "raw" / "{ingest_date}.tsv"),
             "HPD_DEFAULT_TEACHER": model,
             "HPD_DEFAULT_STUDENT": model,
@@ -221,6 +225,23 @@ def test_a_failed_gate_is_a_red_run_with_one_alert_and_no_promotion(services, si
     assert "failed on try 1." in body  # a failed gate is not retried
     assert "quality gate failed" in body and "STS-B test" in body and "below the minimum 99.00" in body
     assert "Nothing was promoted" in body and "/validation/" in body and "report.html" in body
+    services.red_retrain = run_id
+
+
+def test_the_red_runs_report_and_card_open_from_the_validate_task_in_the_grid(services, tmp_path):
+    """The failed gate's validate task, opened in the grid: its Validation report button leads to the report the
+    API server serves (the report plugin, from the run's store, one of HPD_REPORT_STORES), with its title and
+    plots; the Model card button to the card. Without the login both are refused."""
+    task = f"{services.url}/dags/hpd_retrain/runs/{services.red_retrain}/tasks/validate/details"  # its extra links
+    visit = chromium.Visit(offline=False, cookies={"_token": services.token})
+    page = chromium.load(task, tmp_path / "profile", timeout=120, visit=visit)
+    reports = {unquote(link).rsplit("/", 1)[1]: link for link in page.links if "/hpd/reports/" in link}
+    assert set(reports) == {"report.html", "model_card.md"}, page.text
+    report = chromium.load(reports["report.html"], tmp_path / "profile", timeout=60, visit=visit)
+    assert not report.failed and report.title.startswith("Validation of ") and report.images >= 1
+    card = chromium.load(reports["model_card.md"], tmp_path / "profile", timeout=60, visit=visit)
+    assert card.title.startswith("Model card: ") and "STS-B test" in card.text
+    assert {httpx.get(link).status_code for link in reports.values()} <= {401, 403}
 
 
 def test_a_retrain_without_new_data_distils_nothing(services):

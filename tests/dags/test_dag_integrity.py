@@ -75,15 +75,26 @@ def test_retrain_params_are_grouped_data_projection_student_gate(dagbag):
     }
 
 
-def test_the_validate_task_links_its_report_through_serialization(dagbag):
-    """The ``Validation report`` extra link survives DAG serialization as the XCom key the UI reads it from."""
+LINKS = {
+    ("hpd_retrain", "validate"): {
+        "Validation report": "_link_ValidationReportLink",
+        "Model card": "_link_ModelCardLink",
+    },
+    ("hpd_retrain", "check_quality"): {"Data Docs": "_link_DataDocsLink"},
+    ("hpd_quality_report", "check_partition"): {"Data Docs": "_link_DataDocsLink"},
+}
+
+
+@pytest.mark.parametrize(("dag_id", "task_id"), list(LINKS))
+def test_the_report_links_survive_serialization(dagbag, dag_id, task_id):
+    """Each report button survives DAG serialization as the XCom key the UI reads its URL from."""
     from airflow.serialization.serialized_objects import DagSerialization
 
-    serialized = DagSerialization.to_dict(dagbag.dags["hpd_retrain"])
-    (validate,) = [t for t in serialized["dag"]["tasks"] if t["__var"]["task_id"] == "validate"]
-    assert validate["__var"]["_operator_extra_links"] == {"Validation report": "validation_report"}
-    restored = DagSerialization.from_dict(serialized).get_task("validate")
-    assert [link.name for link in restored.operator_extra_links] == ["Validation report"]
+    serialized = DagSerialization.to_dict(dagbag.dags[dag_id])
+    (task,) = [t for t in serialized["dag"]["tasks"] if t["__var"]["task_id"] == task_id]
+    assert task["__var"]["_operator_extra_links"] == LINKS[dag_id, task_id]
+    restored = DagSerialization.from_dict(serialized).get_task(task_id)
+    assert [link.name for link in restored.operator_extra_links] == list(LINKS[dag_id, task_id])
 
 
 @pytest.mark.parametrize("path", FILES, ids=[f.name for f in FILES])

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 from collections import Counter
@@ -27,6 +26,7 @@ from tasks.serve import app as serve_app
 from tasks.serve.holder import IndexHolder, describe
 from tasks.stages import build_index
 from tests.support.projected_store import distill_tiny, projected_store
+from tests.support.servers import serving
 
 pytestmark = pytest.mark.models
 
@@ -60,23 +60,9 @@ def service(store) -> Iterator[str]:
         yield url
 
 
-@contextlib.contextmanager
-def _running(holder: IndexHolder) -> Iterator[str]:
+def _running(holder: IndexHolder) -> contextlib.AbstractContextManager[str]:
     """The service over ``holder`` in uvicorn on a free 127.0.0.1 port, in a thread of this process."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(serve_app.create_app(holder), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert time.monotonic() < deadline and thread.is_alive(), "the service did not start"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
-    sock.close()
+    return serving(serve_app.create_app(holder))
 
 
 def test_health_names_the_served_index(service, store):

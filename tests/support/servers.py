@@ -3,9 +3,14 @@ their PID, as a process group (each was started in a session of its own), never 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
 
 from tasks.orchestration.local_airflow import stop_groups
 
@@ -29,3 +34,26 @@ def log_tail(path, lines: int = 40) -> str:
             return "".join(f.readlines()[-lines:])
     except FileNotFoundError:
         return ""
+
+
+@contextlib.contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """The ASGI ``app`` in uvicorn on a free 127.0.0.1 port, in a thread of this process; its base URL."""
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline and thread.is_alive(), "the server did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(30)
+        sock.close()

@@ -12,7 +12,6 @@ from tasks.core.stage_records import GATED
 from tasks.stages.validate.records import ValidationReport
 
 CARD_FILE = "README.md"  # the card's name in the model folder (sentence-transformers' and the Hub's)
-VALIDATED_CARD = "model_card.md"  # the validated card's name among the validation's outputs
 # The distill card's note that the test scores are still to come, which the validation section replaces.
 _PENDING = re.compile(r"^The test scores \(STS-B test, SICK-R test, retrieval\).*?in the store\.\n", re.M | re.S)
 _DATASETS = {"STS-B test": ("sentence-transformers/stsb", "STS Benchmark"), "SICK-R test": ("sick", "SICK-R")}

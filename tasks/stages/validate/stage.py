@@ -8,6 +8,7 @@ import logging
 from tasks.core import catalog, manifest, partitions, promoted, storage, uris
 from tasks.core.catalog import Stage
 from tasks.core.promotion import Promotion
+from tasks.core.reports import VALIDATED_CARD, VALIDATION_REPORT
 from tasks.core.stage_records import ValidateStats
 from tasks.ml import sts
 from tasks.stages import drift, tracking
@@ -124,13 +125,13 @@ def _write_report(
         [*stage_run.inputs, *distilled.inputs],
         scoring.quality_results(store, partitions.partitions_read(store, distilled)),
         run_header(store, distilled, stage_run.started_at),
-        catalog.store_key(store, storage.join(prefix, "report.html")),
+        catalog.store_key(store, storage.join(prefix, VALIDATION_REPORT)),
     )
     stage_run.write_output(storage.join(prefix, "metrics.json"), json.dumps(report.model_dump(), indent=2).encode())
-    stage_run.write_output(storage.join(prefix, "report.html"), page.encode())
+    stage_run.write_output(storage.join(prefix, VALIDATION_REPORT), page.encode())
     if (validated := card.render(store, distilled, report, stage_run.run_id)) is not None:
-        stage_run.write_output(storage.join(prefix, card.VALIDATED_CARD), validated.encode())
-    log.info("validate %s: report %s", model_run, uris.redact(storage.join(prefix, "report.html")))
+        stage_run.write_output(storage.join(prefix, VALIDATED_CARD), validated.encode())
+    log.info("validate %s: report %s", model_run, uris.redact(storage.join(prefix, VALIDATION_REPORT)))
 
 
 def _training_drift(

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from tasks.core import catalog, manifest, storage
+from tasks.core.reports import VALIDATED_CARD, VALIDATION_REPORT
 from tasks.stages import tracking
 from tasks.stages.params import ValidateParams
 from tasks.stages.validate.records import ValidationReport
 
-ARTIFACTS = ("report.html", "model_card.md")  # the validation's files an MLflow run carries
+ARTIFACTS = (VALIDATION_REPORT, VALIDATED_CARD)  # the validation's files an MLflow run carries
 
 
 def report(
