@@ -2,8 +2,9 @@
 and a local SMTP sink, operated as the platform team does: a 3-day backfill of hpd_ingest over 3 daily inputs
 (one arriving late, waited for by the deferred sensor), the events that run the quality report on each partition
 and a retrain on the new data, whose promotion rebuilds the index, on the store the events name (the services'
-own default store stays empty); a red run on a failed gate with exactly one alert; a retrain that finds no new
-data; a run that survives a killed scheduler. The tests run in order and build on each other: after a failure
+own default store stays empty); a red run on a failed gate with exactly one alert, whose report and model card open
+in Chromium from its validate task (the report plugin in the API server); a retrain that finds no new data; a run
+that survives a killed scheduler. The tests run in order and build on each other: after a failure
 the rest are skipped, naming it."""
 
 import gzip
