@@ -49,7 +49,6 @@ from tasks.orchestration.defaults import (
     PROJECTION,
     STORE_PARAM,
     STUDENT,
-    DataDocsLink,
     ModelCardLink,
     ValidationReportLink,
     gate_param,
@@ -184,7 +183,6 @@ def hpd_retrain():
     day_plan = XComArg(plan().operator, key=PLAN_XCOM)  # the plan every later task reads
     pca_name = fit_pca(day_plan)
     checked = check_quality.partial(pca_name=pca_name).expand(day=training_partitions(day_plan))
-    checked.operator.operator_extra_links = [DataDocsLink()]
     model_run = distill(day_plan, pca_name)
     checked >> model_run
     verdict = validate(model_run)

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from tasks.core import storage
+from tests.support.servers import s3_settings
 
 _ISOLATED_ENV = (
     "HPD_AWS_CONN_ID",
@@ -131,16 +132,8 @@ def s3_env(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch, tmp_path_factory) 
     """Point boto3's default chain at ``s3_endpoint`` for one test; yields the endpoint URL."""
     for name in _ISOLATED_ENV:
         monkeypatch.delenv(name, raising=False)
-    external = bool(os.environ.get("HPD_TEST_S3_ENDPOINT"))  # keeps its own credentials and region
-    if not (external and os.environ.get("AWS_ACCESS_KEY_ID")):
-        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    if not (external and os.environ.get("AWS_DEFAULT_REGION")):
-        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_endpoint)
-    no_files = tmp_path_factory.getbasetemp() / "no-aws-config"
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(no_files))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(no_files))
+    for name, value in s3_settings(s3_endpoint, tmp_path_factory).items():
+        monkeypatch.setenv(name, value)
     storage.reset_s3_clients()
     yield s3_endpoint
     storage.reset_s3_clients()

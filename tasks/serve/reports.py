@@ -6,8 +6,9 @@ digest of its URI, so the task that wrote a report links to it without the serve
 for the stores it serves only. The key keeps the store's layout, so a report's relative links (the validation
 report's to the Data Docs) resolve here too. What is served is confined to report objects
 (:data:`tasks.core.reports.REPORT_KEYS`) a manifest lists (a validation's kept manifest version, a partition's
-current quality manifest), their bytes matching the sha256 it records. A model card is rendered as a page. Pages
-may run their own scripts (Data Docs do) but connect nowhere (:data:`PAGE_POLICY`).
+current quality manifest), their bytes matching the sha256 it records. A model card is rendered as a page. A
+validation's pages run no script (:data:`PAGE_POLICY`); Data Docs run theirs but connect nowhere
+(:data:`DATA_DOCS_POLICY`).
 
 :func:`reports_app` builds the FastAPI app; who may read is the caller's (``guard``): the Airflow plugin
 (:mod:`tasks.serve.report_plugin`) asks Airflow's auth manager.
@@ -30,8 +31,10 @@ from tasks.core import catalog, manifest, storage
 from tasks.core.catalog import Stage
 from tasks.core.reports import REPORT_KEYS, store_id
 
-# Scripts a page carries run (Data Docs need theirs), but load only from here and connect, post or frame nowhere.
-PAGE_POLICY = (
+# What a page may do. A validation's pages (the report, the rendered card) run no script and load nothing but their
+# inline styles and images; Data Docs run the scripts they carry, loaded from here, and connect, post or frame nowhere.
+PAGE_POLICY = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'none'; base-uri 'none'"
+DATA_DOCS_POLICY = (
     "default-src 'self'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
     "connect-src 'none'; form-action 'none'; frame-ancestors 'self'; base-uri 'none'"
 )
@@ -105,7 +108,8 @@ def reports_app(stores: Callable[[], Sequence[str]], guard: Callable[[str], Sequ
             raise HTTPException(502, f"{key}: does not verify against its manifest ({exc.message})") from None
         except (storage.StorageError, manifest.ManifestError) as exc:
             raise HTTPException(503, f"{key}: {exc}") from None
-        headers = {"Content-Security-Policy": PAGE_POLICY, "X-Content-Type-Options": "nosniff"}
+        policy = DATA_DOCS_POLICY if key.startswith("quality/") else PAGE_POLICY
+        headers = {"Content-Security-Policy": policy, "X-Content-Type-Options": "nosniff"}
         return Response(found.body, media_type=found.media_type, headers=headers)
 
     for kind in ("validation", "quality"):

@@ -2,14 +2,16 @@
 and a local SMTP sink, operated as the platform team does: a 3-day backfill of hpd_ingest over 3 daily inputs
 (one arriving late, waited for by the deferred sensor), the events that run the quality report on each partition
 and a retrain on the new data, whose promotion rebuilds the index, on the store the events name (the services'
-own default store stays empty); a red run on a failed gate with exactly one alert, whose report and model card open
-in Chromium from its validate task (the report plugin in the API server); a retrain that finds no new data; a run
-that survives a killed scheduler. The tests run in order and build on each other: after a failure
-the rest are skipped, naming it."""
+own default store stays empty); a red run on a failed gate (on a copy of the store in S3) with exactly one alert;
+reports opened in Chromium from their tasks on both stores (the report plugin in the API server); a retrain
+that finds no new data; a run that survives a killed scheduler. The tests run in order and build on each other:
+after a failure the rest are skipped, naming it."""
 
 import gzip
 import json
 import time
+import uuid
+from pathlib import Path
 from urllib.parse import unquote
 
 import httpx
@@ -18,10 +20,11 @@ import pytest
 from tasks.core import catalog, manifest, partitions, storage
 from tasks.core.catalog import Stage
 from tasks.ml import segments
-from tests.support import chromium
+from tests.support import chromium, store_state
 from tests.support.airflow_services import AirflowServices
 from tests.support.paths import REPO as ROOT
 from tests.support.postgres import postgres_bindir
+from tests.support.servers import s3_settings
 from tests.support.smtp_sink import SmtpSink, body_text
 from tests.support.tiny_models import build_sentence_model
 
@@ -59,7 +62,22 @@ def sink():
 
 
 @pytest.fixture(scope="module")
-def services(tmp_path_factory, sink):
+def s3_store(s3_endpoint, tmp_path_factory):
+    """A store root in a bucket of the suite's S3 endpoint, with the AWS_* settings this process and the services
+    share for the module."""
+    settings = s3_settings(s3_endpoint, tmp_path_factory)
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in settings.items():
+            patch.setenv(name, value)
+        storage.reset_s3_clients()
+        bucket = f"hpd-services-{uuid.uuid4().hex[:12]}"
+        storage.s3_client().create_bucket(Bucket=bucket)
+        yield f"s3://{bucket}/store", settings
+    storage.reset_s3_clients()
+
+
+@pytest.fixture(scope="module")
+def services(tmp_path_factory, sink, s3_store):
     home = tmp_path_factory.mktemp("airflow-services")
     inputs = _daily_inputs(home / "raw")
     model = str(build_sentence_model(home / "tiny"))
@@ -67,7 +85,8 @@ def services(tmp_path_factory, sink):
         home,
         {
             "HPD_STORE": storage.to_uri(str(home / "default-store")),  # must stay empty: runs name their store
-            "HPD_REPORT_STORES": storage.to_uri(str(home / "store")),  # the one they name: the plugin serves it
+            "HPD_REPORT_STORES": f"{storage.to_uri(str(home / 'store'))},{s3_store[0]}",  # those runs name
+            **s3_store[1],
             "HPD_DEFAULT_SOURCE": str(home / "raw" / "{ingest_date}.tsv"),
             "HPD_DEFAULT_TEACHER": model,
             "HPD_DEFAULT_STUDENT": model,
@@ -79,7 +98,7 @@ def services(tmp_path_factory, sink):
         },
     )
     running.home, running.inputs = home, inputs
-    running.store = storage.to_uri(str(home / "store"))
+    running.store, running.s3_store = storage.to_uri(str(home / "store")), s3_store[0]
     running.default_store = home / "default-store"
     try:
         running.start()
@@ -203,17 +222,22 @@ def test_new_data_retrains_and_the_promotion_rebuilds_the_index_on_the_events_st
     _, listed = segments.read_table(services.store, index.index)
     assert {day for segment in listed for day in segment.partitions} == set(DAYS)
     assert not any(services.default_store.rglob("*.json"))
+    trained_runs = [r["dag_run_id"] for r in retrains]
+    (trained,) = [r for r in trained_runs if services.task_states("hpd_retrain", r)["validate"] == "success"]
+    services.reports = {"file": {"store": services.store, "hpd_retrain": trained}}
 
 
 def test_a_failed_gate_is_a_red_run_with_one_alert_and_no_promotion(services, sink):
+    """On a copy of the store in S3 (a copied store stays valid)."""
     assert sink.messages == []  # nothing failed so far
-    before = _promoted(services.store)
+    store_state.copy_into(Path(services.store.removeprefix("file://")), services.s3_store)
+    before = _promoted(services.s3_store)
     conf = {"partitions": list(DAYS), "max_steps": 2, "batch_size": 16, "amp": "off", "min_stsb": 99.0}
-    run_id = _trigger(services, "hpd_retrain", conf)
+    run_id = _trigger(services, "hpd_retrain", {**conf, "store": services.s3_store})
     assert services.wait_for_run("hpd_retrain", run_id, timeout=600) == "failed"
     states = services.task_states("hpd_retrain", run_id)
     assert states["validate"] == "failed" and states["announce_promotion"] == "upstream_failed"
-    assert _promoted(services.store) == before
+    assert _promoted(services.s3_store) == before
 
     deadline = time.monotonic() + 30
     while not sink.messages and time.monotonic() < deadline:
@@ -226,23 +250,41 @@ def test_a_failed_gate_is_a_red_run_with_one_alert_and_no_promotion(services, si
     assert "failed on try 1." in body  # a failed gate is not retried
     assert "quality gate failed" in body and "STS-B test" in body and "below the minimum 99.00" in body
     assert "Nothing was promoted" in body and "/validation/" in body and "report.html" in body
-    services.red_retrain = run_id
+    services.reports["s3"] = {"store": services.s3_store, "hpd_retrain": run_id}
 
 
-def test_the_red_runs_report_and_card_open_from_the_validate_task_in_the_grid(services, tmp_path):
-    """The failed gate's validate task, opened in the grid: its Validation report button leads to the report the
-    API server serves (the report plugin, from the run's store, one of HPD_REPORT_STORES), with its title and
-    plots; the Model card button to the card. Without the login both are refused."""
-    task = f"{services.url}/dags/hpd_retrain/runs/{services.red_retrain}/tasks/validate/details"  # its extra links
-    visit = chromium.Visit(offline=False, cookies={"_token": services.token})
-    page = chromium.load(task, tmp_path / "profile", timeout=120, visit=visit)
-    reports = {unquote(link).rsplit("/", 1)[1]: link for link in page.links if "/hpd/reports/" in link}
-    assert set(reports) == {"report.html", "model_card.md"}, page.text
-    report = chromium.load(reports["report.html"], tmp_path / "profile", timeout=60, visit=visit)
+# The task whose buttons open each report object, by the name the object's address ends with.
+BUTTONS = {
+    "report.html": ("hpd_retrain", "validate"),
+    "model_card.md": ("hpd_retrain", "validate"),
+    "index.html": ("hpd_quality_report", "check_partition"),
+}
+
+
+@pytest.mark.parametrize("backend", ["file", "s3"])
+def test_reports_open_from_their_tasks_in_the_grid(services, backend, tmp_path):
+    """The tasks opened in the grid (file://: the green retrain; S3: the red one) and a quality report run then on
+    that store: the validate task's Validation report button leads to the report the API server serves (the report
+    plugin, from the run's store, one of HPD_REPORT_STORES) with its title and plots, its Model card button to the
+    card, and the quality check's Data Docs button to the Data Docs (the partition's latest). Without the login
+    they are refused."""
+    runs, links = services.reports[backend], {}
+    body = {"logical_date": None, "partition_key": DAYS[0], "conf": {"store": runs["store"]}}
+    runs["hpd_quality_report"] = services.request("POST", "/api/v2/dags/hpd_quality_report/dagRuns", body)["dag_run_id"]
+    assert services.wait_for_run("hpd_quality_report", runs["hpd_quality_report"], timeout=300) == "success"
+    visit, profile = chromium.Visit(offline=False, cookies={"_token": services.token}), tmp_path / "profile"
+    for dag_id, task in sorted(set(BUTTONS.values())):
+        details = f"{services.url}/dags/{dag_id}/runs/{runs[dag_id]}/tasks/{task}/details"  # its extra links
+        page = chromium.load(details, profile, timeout=120, visit=visit)
+        links |= {unquote(link).rsplit("/", 1)[1]: link for link in page.links if "/hpd/reports/" in link}
+    assert set(links) == set(BUTTONS), links
+    report = chromium.load(links["report.html"], profile, timeout=60, visit=visit)
     assert not report.failed and report.title.startswith("Validation of ") and report.images >= 1
-    card = chromium.load(reports["model_card.md"], tmp_path / "profile", timeout=60, visit=visit)
+    card = chromium.load(links["model_card.md"], profile, timeout=60, visit=visit)
     assert card.title.startswith("Model card: ") and "STS-B test" in card.text
-    assert {httpx.get(link).status_code for link in reports.values()} <= {401, 403}
+    docs = chromium.load(links["index.html"], profile, timeout=60, visit=visit)
+    assert not docs.failed and docs.title == "Data Docs created by Great Expectations" and "sentences" in docs.text
+    assert {httpx.get(link).status_code for link in links.values()} <= {401, 403}
 
 
 def test_a_retrain_without_new_data_distils_nothing(services):

@@ -80,7 +80,6 @@ LINKS = {
         "Validation report": "_link_ValidationReportLink",
         "Model card": "_link_ModelCardLink",
     },
-    ("hpd_retrain", "check_quality"): {"Data Docs": "_link_DataDocsLink"},
     ("hpd_quality_report", "check_partition"): {"Data Docs": "_link_DataDocsLink"},
 }
 

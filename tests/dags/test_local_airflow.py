@@ -19,6 +19,7 @@ from tasks.core import manifest, storage
 from tasks.core.catalog import Stage
 from tasks.orchestration.local_airflow import AirflowFailed, LocalAirflow
 from tests.support import chromium
+from tests.support.airflow_services import POLL_S
 from tests.support.paths import REPO as ROOT
 from tests.support.servers import free_port
 from tests.support.tiny_models import build_sentence_model
@@ -74,7 +75,7 @@ class Running:
             if state in ("success", "failed"):
                 return state
             self.client.check_alive()
-            time.sleep(0.5)
+            time.sleep(POLL_S)
         raise AssertionError(f"hpd_ingest {run_id} did not finish in {timeout} s")
 
 

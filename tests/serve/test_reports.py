@@ -77,6 +77,7 @@ def test_the_report_objects_are_served_under_the_page_policy(built, store):
     assert report.status_code == 200 and report.headers["content-type"] == "text/html; charset=utf-8"
     assert "<title>Validation of tiny</title>" in report.text
     assert report.headers["content-security-policy"] == reports.PAGE_POLICY
+    assert client.get(_address(store, built["docs"][0])).headers["content-security-policy"] == reports.DATA_DOCS_POLICY
     assert report.headers["x-content-type-options"] == "nosniff"
     card = client.get(_address(store, built["keys"]["model_card.md"]))
     assert card.status_code == 200 and "<title>Model card: tiny</title>" in card.text and "<table>" in card.text
@@ -130,6 +131,7 @@ def test_an_altered_report_is_refused_naming_it(built, store):
     assert manifest.read(store, Stage.VALIDATE, "tiny") is not None  # nothing else changed
 
 
+@pytest.mark.services
 def test_the_report_opens_in_chromium_with_its_title_and_plots(built, store, tmp_path):
     app = reports.reports_app(lambda: [store], lambda kind: [])
     with serving(app) as url:

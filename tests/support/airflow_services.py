@@ -34,6 +34,9 @@ TEST_SETTINGS = {
 }
 
 
+POLL_S = 1.0  # between a wait's requests: each costs the api-server a query, and a run's task takes seconds
+
+
 class ServicesFailed(RuntimeError):
     """A wait ran out or a service exited; the message carries what the services logged."""
 
@@ -93,7 +96,7 @@ class AirflowServices(LocalAirflow):
             if isinstance(states, dict) and states.get(task_id) == state:
                 return
             self.check_alive()
-            time.sleep(0.5)
+            time.sleep(POLL_S)
         raise self.failure(f"{dag_id}.{task_id} was not {state} in {timeout} s", dag_id, run_id)
 
     def wait_for_run(self, dag_id: str, run_id: str, timeout: float = 600) -> str:
@@ -103,5 +106,5 @@ class AirflowServices(LocalAirflow):
             if state in ("success", "failed"):
                 return state
             self.check_alive()
-            time.sleep(0.5)
+            time.sleep(POLL_S)
         raise self.failure(f"{dag_id} run {run_id} did not finish in {timeout} s", dag_id, run_id)

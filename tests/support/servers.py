@@ -4,6 +4,7 @@ their PID, as a process group (each was started in a session of its own), never 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import subprocess
@@ -57,3 +58,16 @@ def serving(app: Any) -> Iterator[str]:
         server.should_exit = True
         thread.join(30)
         sock.close()
+
+
+def s3_settings(endpoint: str, tmp_path_factory: Any) -> dict[str, str]:
+    """The AWS_* variables that point boto3's default chain at ``endpoint`` (test credentials and region, no
+    config files; an external ``HPD_TEST_S3_ENDPOINT`` keeps its own credentials and region)."""
+    external = bool(os.environ.get("HPD_TEST_S3_ENDPOINT"))
+    no_files = str(tmp_path_factory.getbasetemp() / "no-aws-config")
+    settings = {"AWS_ENDPOINT_URL": endpoint, "AWS_CONFIG_FILE": no_files, "AWS_SHARED_CREDENTIALS_FILE": no_files}
+    if not (external and os.environ.get("AWS_ACCESS_KEY_ID")):
+        settings |= {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    if not (external and os.environ.get("AWS_DEFAULT_REGION")):
+        settings["AWS_DEFAULT_REGION"] = "us-east-1"
+    return settings
