@@ -42,6 +42,7 @@ from tasks.core.storage.objects import (
     ObjectNotFound,
     PreconditionFailed,
     chunks,
+    hidden,
 )
 from tasks.core.storage.s3_responses import Got, Head, Page, Upload, Written
 from tasks.core.uris import StorageError, to_uri
@@ -235,7 +236,8 @@ class S3Backend:
         return True
 
     def list_uris(self, prefix: str) -> list[str]:
-        return sorted(o.uri for o in self.list_objects(prefix))
+        """Hidden names too stay out: this backend writes none, but a folder store copied here carries its own."""
+        return sorted(o.uri for o in self.list_objects(prefix) if not hidden(o.uri))
 
     def list_objects(self, prefix: str) -> list[ListedObject]:
         bucket, key = split(prefix)
