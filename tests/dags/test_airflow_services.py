@@ -11,6 +11,7 @@ import gzip
 import json
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -273,9 +274,10 @@ def test_reports_open_from_their_tasks_in_the_grid(services, backend, tmp_path):
     runs["hpd_quality_report"] = services.request("POST", "/api/v2/dags/hpd_quality_report/dagRuns", body)["dag_run_id"]
     assert services.wait_for_run("hpd_quality_report", runs["hpd_quality_report"], timeout=300) == "success"
     visit, profile = chromium.Visit(offline=False, cookies={"_token": services.token}), tmp_path / "profile"
+    buttons = replace(visit, until="document.querySelector('a[href*=\"/hpd/reports/\"]')")  # fetched after the page
     for dag_id, task in sorted(set(BUTTONS.values())):
         details = f"{services.url}/dags/{dag_id}/runs/{runs[dag_id]}/tasks/{task}/details"  # its extra links
-        page = chromium.load(details, profile, timeout=120, visit=visit)
+        page = chromium.load(details, profile, timeout=120, visit=buttons)
         links |= {unquote(link).rsplit("/", 1)[1]: link for link in page.links if "/hpd/reports/" in link}
     assert set(links) == set(BUTTONS), links
     report = chromium.load(links["report.html"], profile, timeout=60, visit=visit)

@@ -171,7 +171,8 @@ def test_a_run_triggered_with_params_and_a_two_date_backfill_through_the_rest_ap
 def test_the_grid_page_renders_the_runs_in_chromium(airflow, tmp_path):
     client = airflow.client
     shot = tmp_path / "grid.png"
-    visit = chromium.Visit(offline=False, cookies={"_token": client.token}, screenshot=shot)
+    rendered = "document.body.innerText.includes('announce')"  # the grid's last task, listed after its own fetches
+    visit = chromium.Visit(offline=False, cookies={"_token": client.token}, screenshot=shot, until=rendered)
     page = chromium.load(f"{client.url}/dags/hpd_ingest", tmp_path / "profile", timeout=120, visit=visit)
     assert not page.failed, page.failed
     assert {"wait_for_source", "stage", "augment", "encode", "announce"} <= set(re.findall(r"[a-z_]+", page.text))

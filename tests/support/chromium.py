@@ -103,11 +103,13 @@ class _Pipe:
 class Visit:
     """How to open a page: ``offline`` cuts every request (file:// pages); otherwise only loopback answers (the
     proxy and resolver rules still refuse the rest). ``cookies`` are set for the URL first; ``screenshot`` is where
-    a PNG of the settled page goes."""
+    a PNG of the settled page goes; ``until`` (a JavaScript expression) must also hold before the page counts as
+    loaded: what an app renders after its own later requests."""
 
     offline: bool = True
     cookies: dict[str, str] = field(default_factory=dict)
     screenshot: Path | None = None
+    until: str | None = None
 
 
 def load(url: str, profile: Path, timeout: float = 60, visit: Visit | None = None) -> PageLoad:
@@ -154,7 +156,12 @@ def _record(pipe: _Pipe, url: str, timeout: float, visit: Visit) -> PageLoad:
     for name, value in visit.cookies.items():
         pipe.call("Network.setCookie", session, name=name, value=value, url=url)
     pipe.send("Page.navigate", session, url=url)
+    deadline = time.monotonic() + timeout
     page = _settle(pipe, session, url, timeout)
+    while visit.until and not _holds(pipe, session, visit.until):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{url}: {visit.until} did not hold in {timeout} s")
+        page = _settle(pipe, session, url, deadline - time.monotonic(), page)
     read = (
         "[document.body.innerText, Array.from(document.querySelectorAll('a[href]'), a => a.href), document.title, "
         "Array.from(document.images).filter(i => i.complete && i.naturalWidth > 0 && i.width >= 100).length]"
@@ -166,8 +173,17 @@ def _record(pipe: _Pipe, url: str, timeout: float, visit: Visit) -> PageLoad:
     return page
 
 
-def _settle(pipe: _Pipe, session: str, url: str, timeout: float) -> PageLoad:
-    page, loaded_at, deadline = PageLoad(), None, time.monotonic() + timeout
+def _holds(pipe: _Pipe, session: str, expression: str) -> bool:
+    answer = pipe.call("Runtime.evaluate", session, expression=f"!!({expression})", returnByValue=True)
+    return bool(answer["result"]["value"])
+
+
+def _settle(pipe: _Pipe, session: str, url: str, timeout: float, page: PageLoad | None = None) -> PageLoad:
+    """The page's loads once it has loaded and no request is pending for ``SETTLE_S``; ``page``: a load that had
+    settled and goes on (its load event seen)."""
+    deadline = time.monotonic() + timeout
+    loaded_at = None if page is None else time.monotonic()
+    page = page or PageLoad()
     while time.monotonic() < deadline:
         event = pipe.read(0.2)
         if event is not None and event.get("sessionId") == session:
