@@ -181,7 +181,8 @@ def fit_pca(context: dict, plan: dict[str, Any]) -> str:
 
 def check_quality(context: dict, day: str | date, pca_name: str | None) -> dict[str, Any]:
     """The quality stage on partition ``day`` (with the targets of PCA run ``pca_name``, when named): a failure fails
-    the task. Its Data Docs index is pushed as XCom ``data_docs``: the task's ``Data Docs`` link."""
+    the task. Its Data Docs index is pushed as XCom ``data_docs`` (the ``Data Docs`` button of
+    ``hpd_quality_report``'s ``check_partition``)."""
     params = run_params(context)
     values = {**pick(params, "teacher"), "pca_name": pca_name, "ingest_date": day}
     result = run_stage(Stage.QUALITY, stage_params(Stage.QUALITY, values, params))

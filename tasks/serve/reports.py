@@ -20,7 +20,6 @@ import html
 import mimetypes
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import date
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException
@@ -52,9 +51,10 @@ class Served:
 
 def read_report(store: str, key: str) -> Served:
     """The report object ``key`` of ``store``, verified against the manifest that lists it."""
-    stage, match = next(((s, p.fullmatch(key)) for s, p in REPORT_KEYS.items() if p.fullmatch(key)), (None, None))
-    if stage is None or match is None:
+    found = next(((stage, match) for stage, pattern in REPORT_KEYS.items() if (match := pattern.fullmatch(key))), None)
+    if found is None:
         raise ReportNotFound(f"{key}: not a report object (a validation's report, card or metrics, or Data Docs)")
+    stage, match = found
     listing = _listing(store, stage, *match.group("key", "run_id"))
     uri = catalog.resolve(store, key)
     output = next((o for o in listing.outputs if o.uri == uri), None) if listing else None
@@ -73,7 +73,6 @@ def _listing(store: str, stage: Stage, key: str, run_id: str) -> manifest.Manife
     if stage is Stage.VALIDATE:
         uri = catalog.manifest_version_uri(store, stage, key, run_id)
         return manifest.read_at(store, uri) if storage.exists(uri) else None
-    date.fromisoformat(key.split("=", 1)[1])  # a real date: the pattern holds the digits only
     current = manifest.read(store, stage, key)
     return current if current is not None and current.run_id == run_id else None
 

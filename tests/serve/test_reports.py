@@ -112,6 +112,7 @@ def test_nothing_but_listed_report_objects_is_served(built, store):
         built["replaced"]: 404,  # the Data Docs of a replaced quality run
         report.replace("validation/tiny/", "validation/other/"): 404,
         f"validation/tiny/%2e%2e/%2e%2e/{report}": 404,
+        built["replaced"].replace(DAY.isoformat(), "2026-13-45"): 404,  # shaped like a partition, no date
     }
     for key, status in refused.items():
         answer = client.get(_address(store, key))
