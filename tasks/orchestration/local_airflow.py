@@ -23,30 +23,18 @@ import tenacity
 from pydantic import BaseModel
 
 from tasks.core import settings, storage
+from tasks.orchestration.task_libraries import TASK_LIBRARIES
 
 SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
 USER = "admin"
-# The libraries the stage tasks import, loaded once by the scheduler's forkserver: the LocalExecutor's workers fork
-# from it, and each task process from a worker, so a task starts with them loaded (no seconds of imports per task).
-# Third-party only: the project's own modules stay fresh for a task, so an edit to tasks/ needs no restart.
-TASK_PRELOAD = (
-    "airflow.sdk",
-    "airflow.sdk.execution_time.task_runner",
-    "torch",
-    "transformers",
-    "sentence_transformers",
-    "great_expectations",
-    "faiss",
-    "polars",
-    "pyarrow.parquet",
-)
 # Settings a user's environment may override: a few task processes at once (SQLite has one writer), tasks forked
-# with their libraries loaded (Airflow's ``mp_start_method`` and ``mp_forkserver_preload``).
+# with their libraries loaded (Airflow's ``mp_start_method`` and ``mp_forkserver_preload``: the LocalExecutor's
+# workers fork from the forkserver, each task process from a worker).
 TUNABLE = {
     "AIRFLOW__CORE__PARALLELISM": "4",
     "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
     "AIRFLOW__SCHEDULER__MP_START_METHOD": "forkserver",
-    "AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD": ",".join(TASK_PRELOAD),
+    "AIRFLOW__SCHEDULER__MP_FORKSERVER_PRELOAD": ",".join(TASK_LIBRARIES),
 }
 UNAVAILABLE_RETRY_PAUSES = (0.5, 1.0, 2.0, 4.0, 8.0)  # seconds before each new try of a call answered 503
 

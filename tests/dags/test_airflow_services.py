@@ -25,6 +25,7 @@ from tests.support import chromium, store_state
 from tests.support.airflow_services import AirflowServices
 from tests.support.paths import REPO as ROOT
 from tests.support.postgres import postgres_bindir
+from tests.support.process_libraries import TORCH, command, descendants, mapped
 from tests.support.servers import s3_settings
 from tests.support.smtp_sink import SmtpSink, body_text
 from tests.support.tiny_models import build_sentence_model
@@ -193,6 +194,10 @@ def test_three_day_backfill_over_three_daily_inputs(services):
         texts[day] = {r["text"] for o in staged.outputs for r in storage.read_parquet(o.uri).to_pylist()}
     assert len(set().union(*texts.values())) == 60  # three partitions, three different contents
     _checksums_agree(services.store)
+    # the LocalExecutor's workers fork from a forkserver of the scheduler's that loaded the tasks' libraries
+    scheduler = services.processes["scheduler"].pid
+    forkservers = [pid for pid in descendants(scheduler) if "multiprocessing.forkserver" in command(pid)]
+    assert forkservers and all(mapped(pid, TORCH) for pid in forkservers)
 
 
 def test_each_partition_event_runs_the_quality_report_on_exactly_that_partition(services):

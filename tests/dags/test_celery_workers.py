@@ -29,6 +29,7 @@ from tasks.core import manifest, storage
 from tasks.core.catalog import Stage
 from tests.support.celery_services import CeleryAirflowServices, missing_servers
 from tests.support.paths import CORPUS
+from tests.support.process_libraries import TORCH, descendants, mapped
 
 MISSING = missing_servers()
 pytestmark = [
@@ -206,3 +207,11 @@ def test_distill_ran_on_the_gpu_queue_worker(chain):
     model_run = json.loads(storage.read_bytes(f"{chain.store}/models/current.json"))["model_run"]
     assert manifest.read(chain.store, Stage.DISTILL, model_run) is not None
     print(f"\ndistill: hostname={distill['hostname']} pid={distill['pid']} queue={distill['queue']}")
+
+
+def test_each_worker_forks_its_tasks_with_their_libraries_loaded(chain):
+    """The project's Celery configuration (the deployments'): a worker imports the tasks' libraries before it forks
+    its pool, so its processes hold torch while no task runs."""
+    for name in (CPU, GPU):
+        root = chain.services.processes[f"worker-{name}"].pid
+        assert [pid for pid in (root, *descendants(root)) if mapped(pid, TORCH)], name

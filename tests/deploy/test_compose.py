@@ -358,6 +358,7 @@ def test_ports_stay_on_loopback_and_the_celery_layout(services):
     Redis and Postgres, a worker on the default queue and a GPU worker on the default and GPU queues, and one set of
     signing secrets for every Airflow container (the scheduler signs the workers' task tokens, the api-server
     checks them)."""
+    from tasks.orchestration.celery_config import CELERY_CONFIG_ENV
     from tasks.orchestration.defaults import ENCODE_POOL
 
     for name, service in services.items():
@@ -367,6 +368,7 @@ def test_ports_stay_on_loopback_and_the_celery_layout(services):
     assert env["AIRFLOW__CORE__EXECUTOR"] == "CeleryExecutor" and env["HPD_ENCODE_POOL"] == ENCODE_POOL
     assert env["AIRFLOW__CELERY__BROKER_URL"].startswith("redis://redis:")
     assert env["AIRFLOW__CELERY__RESULT_BACKEND"].startswith("db+postgresql")
+    assert {env[name] for name in CELERY_CONFIG_ENV} == set(CELERY_CONFIG_ENV.values())
     assert env["HPD_STORE"].startswith("s3://") and "HPD_ALERT_EMAIL" in env
     for key in ("AIRFLOW__API_AUTH__JWT_SECRET", "AIRFLOW__API__SECRET_KEY", "AIRFLOW__CORE__FERNET_KEY"):
         assert {services[name]["environment"][key] for name in AIRFLOW_SERVICES} == {env[key]}, key

@@ -27,7 +27,9 @@ def test_helm_values_use_the_kubernetes_executor_and_remote_logs():
 
 def test_distill_routes_to_the_celery_gpu_workers():
     """HPD_DISTILL_EXECUTOR names a configured executor (else the DAG does not import), the Celery GPU worker set
-    consumes HPD_GPU_QUEUE on GPU nodes with a GPU per pod, and the migration job creates the encoding pool."""
+    consumes HPD_GPU_QUEUE on GPU nodes with a GPU per pod, with the project's Celery configuration, and the
+    migration job creates the encoding pool."""
+    from tasks.orchestration.celery_config import CELERY_CONFIG_ENV
     from tasks.orchestration.defaults import ENCODE_POOL
 
     values = yaml.safe_load((INFRA / "helm" / "values.yaml").read_text())
@@ -41,6 +43,8 @@ def test_distill_routes_to_the_celery_gpu_workers():
     assert gpu["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert [t["key"] for t in gpu["tolerations"]] == ["nvidia.com/gpu"]
     assert env["HPD_ENCODE_POOL"] == ENCODE_POOL
+    options = values["config"]["celery"]["celery_config_options"]  # the workers load the tasks' libraries first
+    assert CELERY_CONFIG_ENV == {"AIRFLOW__CELERY__CELERY_CONFIG_OPTIONS": options}
     migrate = values["migrateDatabaseJob"]["args"][-1]
     assert migrate.startswith("airflow db migrate &&") and f"airflow pools set {ENCODE_POOL} 4 " in migrate
 

@@ -18,6 +18,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+from tasks.orchestration.celery_config import CELERY_CONFIG_ENV
 from tests.support.airflow_services import AirflowServices
 from tests.support.postgres import postgres_bindir
 from tests.support.servers import free_port, stop_group
@@ -128,6 +129,7 @@ class CeleryAirflowServices(AirflowServices):
             "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "21600",
             # Only the runs a test triggers: no run for the latest interval when a DAG is unpaused.
             "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+            **CELERY_CONFIG_ENV,  # the deployments' configuration: workers load the tasks' libraries before forking
         }
         self.env.update({**celery, **extra_env})
 
