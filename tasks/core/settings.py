@@ -10,7 +10,9 @@ MLflow reads as it is (the code shows it only redacted); no error shows the cred
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
+from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, NamedTuple
 
@@ -235,7 +237,7 @@ def current(environ: Mapping[str, str] | None = None) -> Settings:
     credentials of a URI in it)."""
     try:
         if environ is None:
-            return Settings()
+            return _read(_environment())
         given: dict[str, Any] = {
             name: environ[env_name(name)] for name in Settings.model_fields if env_name(name) in environ
         }
@@ -248,3 +250,27 @@ def current(environ: Mapping[str, str] | None = None) -> Settings:
             shown = redact(given) if isinstance(given, str) else ""
             wrong.append(f"  {env_name(name.lower())}={shown!r}: {error.get('msg')}")
         raise SettingsError("invalid environment:\n" + "\n".join(wrong)) from None
+
+
+class _Environment(NamedTuple):
+    """What the process's settings are read from: its ``HPD_*`` variables (any case), ``HOME`` (a default's home)
+    and the ``.env`` file of the working directory as it is now (its path and bytes; none: no such file)."""
+
+    variables: tuple[tuple[str, str], ...]
+    env_file: tuple[str, bytes | None]
+
+
+def _environment() -> _Environment:
+    variables = tuple(sorted((k, v) for k, v in os.environ.items() if k.upper().startswith(PREFIX) or k == "HOME"))
+    path = os.path.abspath(ENV_FILE)
+    try:
+        with open(path, "rb") as env_file:
+            return _Environment(variables, (path, env_file.read()))
+    except OSError:  # none there (or unreadable, as pydantic-settings then reads it)
+        return _Environment(variables, (path, None))
+
+
+@lru_cache(maxsize=32)
+def _read(environment: _Environment) -> Settings:
+    """The settings of ``environment``, read once for each: every S3 call reads them (settings are immutable)."""
+    return Settings()

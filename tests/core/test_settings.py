@@ -64,6 +64,28 @@ def test_the_code_reads_the_environment_as_it_is_now(monkeypatch, tmp_path):
         config.default_store()  # a wrong setting is a configuration error of the stage that reads it
 
 
+def test_settings_read_once_follow_each_change_of_what_they_are_read_from(monkeypatch, tmp_path):
+    """Read once per environment (every S3 call reads them), yet a changed variable, home or ``.env`` file (the
+    same size, rewritten at once) is seen at the next read."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("HPD_DEFAULT_K", raising=False)
+    monkeypatch.delenv("HPD_MODEL_CACHE", raising=False)
+    assert current() is current()
+    monkeypatch.setenv("HPD_DEFAULT_K", "16")
+    assert current().default_k == 16
+    monkeypatch.delenv("HPD_DEFAULT_K")
+    for k in (32, 64, 32):
+        (tmp_path / ".env").write_text(f"HPD_DEFAULT_K={k}\n")
+        assert current().default_k == k
+    monkeypatch.setenv("HOME", str(tmp_path / "elsewhere"))
+    assert current().model_cache == tmp_path / "elsewhere" / ".cache" / "hpd-pipeline" / "models"
+    (tmp_path / ".env").write_text("HPD_DEFUALT_K=32\n")
+    with pytest.raises(SettingsError, match="HPD_DEFUALT_K"):  # a wrong read is not kept either
+        current()
+    (tmp_path / ".env").unlink()
+    assert current().default_k == 128
+
+
 def test_each_connection_is_named_by_a_setting():
     for connection in settings.CONNECTIONS:
         assert connection.setting in settings.Settings.model_fields
