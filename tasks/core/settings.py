@@ -237,7 +237,7 @@ def current(environ: Mapping[str, str] | None = None) -> Settings:
     credentials of a URI in it)."""
     try:
         if environ is None:
-            return _read(_environment())
+            return _read(_source())
         given: dict[str, Any] = {
             name: environ[env_name(name)] for name in Settings.model_fields if env_name(name) in environ
         }
@@ -252,25 +252,23 @@ def current(environ: Mapping[str, str] | None = None) -> Settings:
         raise SettingsError("invalid environment:\n" + "\n".join(wrong)) from None
 
 
-class _Environment(NamedTuple):
-    """What the process's settings are read from: its ``HPD_*`` variables (any case), ``HOME`` (a default's home)
-    and the ``.env`` file of the working directory as it is now (its path and bytes; none: no such file)."""
-
-    variables: tuple[tuple[str, str], ...]
-    env_file: tuple[str, bytes | None]
+# What the process's settings are read from: its ``HPD_*`` variables (any case) and ``HOME`` (a default's home),
+# then the ``.env`` file of the working directory as it is now: its path and bytes (None: no such file).
+_Source = tuple[tuple[tuple[str, str], ...], str, bytes | None]
 
 
-def _environment() -> _Environment:
+def _source() -> _Source:
     variables = tuple(sorted((k, v) for k, v in os.environ.items() if k.upper().startswith(PREFIX) or k == "HOME"))
     path = os.path.abspath(ENV_FILE)
     try:
         with open(path, "rb") as env_file:
-            return _Environment(variables, (path, env_file.read()))
+            return variables, path, env_file.read()
     except OSError:  # none there (or unreadable, as pydantic-settings then reads it)
-        return _Environment(variables, (path, None))
+        return variables, path, None
 
 
 @lru_cache(maxsize=32)
-def _read(environment: _Environment) -> Settings:
-    """The settings of ``environment``, read once for each: every S3 call reads them (settings are immutable)."""
-    return Settings()
+def _read(source: _Source) -> Settings:
+    """The settings of ``source`` (the environment, then its ``.env`` file), read once for each: every S3 call
+    reads them. Settings are immutable: each caller may keep the one instance."""
+    return Settings(_env_file=source[1])  # type: ignore[call-arg]

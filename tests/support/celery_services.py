@@ -9,7 +9,6 @@ traced to the worker that ran it after the task has exited.
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import tempfile
@@ -19,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from tasks.orchestration.celery_config import CELERY_CONFIG_ENV
+from tests.support import process_libraries
 from tests.support.airflow_services import AirflowServices
 from tests.support.postgres import postgres_bindir
 from tests.support.servers import free_port, stop_group
@@ -89,14 +89,7 @@ class ProcessTree(threading.Thread):
         self.join(timeout=5)
 
     def sample(self) -> None:
-        parents = {}
-        for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                try:
-                    stat = Path(entry.path, "stat").read_text()
-                except OSError:  # exited meanwhile
-                    continue
-                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])  # the field after (comm) state
+        parents = process_libraries.parents()
         with self._lock:
             for pid in parents:
                 ancestor, hops = pid, 0

@@ -1,4 +1,4 @@
-"""What a live process has loaded: its descendants (from /proc) and whether a shared library is mapped into it, to
+"""Live processes from /proc: their parents and descendants, and whether a shared library is mapped into one, to
 tell that a process tasks fork from has loaded their libraries (``tasks.orchestration.task_libraries``)."""
 
 from __future__ import annotations
@@ -9,21 +9,27 @@ from pathlib import Path
 TORCH = "libtorch_cpu.so"  # torch's native library, mapped once torch is imported
 
 
-def descendants(root: int) -> list[int]:
-    """The live processes below ``root``."""
-    parents = {}
+def parents() -> dict[int, int]:
+    """Each live process's parent, by PID."""
+    found = {}
     for entry in os.scandir("/proc"):
         if entry.name.isdigit():
             try:
                 stat = Path(entry.path, "stat").read_text()
             except OSError:  # exited meanwhile
                 continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    below, hops = [], 0
-    for pid in parents:
-        ancestor, hops = parents[pid], 0
-        while ancestor in parents and ancestor != root and hops < 64:
-            ancestor, hops = parents[ancestor], hops + 1
+            found[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])  # the field after (comm) state
+    return found
+
+
+def descendants(root: int) -> list[int]:
+    """The live processes below ``root``."""
+    parents_of = parents()
+    below = []
+    for pid, parent in parents_of.items():
+        ancestor, hops = parent, 0
+        while ancestor in parents_of and ancestor != root and hops < 64:
+            ancestor, hops = parents_of[ancestor], hops + 1
         if ancestor == root:
             below.append(pid)
     return below
