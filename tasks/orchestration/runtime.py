@@ -186,8 +186,7 @@ def check_quality(context: dict, day: str | date, pca_name: str | None) -> dict[
     params = run_params(context)
     values = {**pick(params, "teacher"), "pca_name": pca_name, "ingest_date": day}
     result = run_stage(Stage.QUALITY, stage_params(Stage.QUALITY, values, params))
-    docs = next((o.uri for o in result.outputs if o.uri.endswith(f"/{DATA_DOCS_INDEX}")), None)
-    push(context, {DATA_DOCS_XCOM: docs})
+    push(context, {DATA_DOCS_XCOM: output_uri(result, DATA_DOCS_INDEX)})
     return result.stats
 
 
@@ -218,8 +217,9 @@ def validate(context: dict, model_run: str) -> dict[str, Any]:
 
 
 def output_uri(result: StageResult, name: str) -> str | None:
-    """The URI of the output ``name`` of a stage run (None: it wrote none)."""
-    return next((o.uri for o in result.outputs if o.name == name), None)
+    """The URI of the output of a stage run whose path ends with ``name`` (``report.html``, ``data_docs/index.html``;
+    None: it wrote none)."""
+    return next((o.uri for o in result.outputs if o.uri.endswith(f"/{name}")), None)
 
 
 def partition_drift(context: dict) -> dict[str, Any]:

@@ -92,11 +92,8 @@ class ProcessTree(threading.Thread):
         parents = process_libraries.parents()
         with self._lock:
             for pid in parents:
-                ancestor, hops = pid, 0
-                while ancestor in parents and ancestor not in self.roots and hops < 64:
-                    ancestor, hops = parents[ancestor], hops + 1
-                if ancestor in self.roots:
-                    self.seen[pid].add(self.roots[ancestor])
+                if (root := process_libraries.root_of(pid, parents, self.roots)) is not None:
+                    self.seen[pid].add(self.roots[root])
 
     def owners(self, pid: int) -> set[str]:
         """The roots ``pid`` was seen under (empty: never seen; two: the PID was reused across roots)."""

@@ -4,6 +4,7 @@ tell that a process tasks fork from has loaded their libraries (``tasks.orchestr
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 TORCH = "libtorch_cpu.so"  # torch's native library, mapped once torch is imported
@@ -22,17 +23,18 @@ def parents() -> dict[int, int]:
     return found
 
 
+def root_of(pid: int, parents_of: dict[int, int], roots: Collection[int]) -> int | None:
+    """``pid`` itself or its nearest ancestor among ``roots`` (None: neither)."""
+    hops = 0
+    while pid not in roots and pid in parents_of and hops < 64:
+        pid, hops = parents_of[pid], hops + 1
+    return pid if pid in roots else None
+
+
 def descendants(root: int) -> list[int]:
     """The live processes below ``root``."""
     parents_of = parents()
-    below = []
-    for pid, parent in parents_of.items():
-        ancestor, hops = parent, 0
-        while ancestor in parents_of and ancestor != root and hops < 64:
-            ancestor, hops = parents_of[ancestor], hops + 1
-        if ancestor == root:
-            below.append(pid)
-    return below
+    return [pid for pid, parent in parents_of.items() if root_of(parent, parents_of, {root}) == root]
 
 
 def command(pid: int) -> str:
