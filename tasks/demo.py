@@ -1,12 +1,13 @@
 """``hpd demo``: the DAG chain on this machine, as Airflow runs it.
 
-``airflow dags test`` runs ``hpd_ingest`` (one day's sample of the vendored corpus), ``hpd_retrain``,
-``hpd_index`` and ``hpd_quality_report`` in turn against one store, with SQLite metadata in its own
-``AIRFLOW_HOME``; then the promoted model, its validation report and the index are looked up in the store.
-A rerun skips every stage whose manifest matches, as a backfill would.
+``airflow db migrate``, then ``airflow dags test`` of ``hpd_ingest`` (one day's sample of the vendored corpus),
+``hpd_retrain``, ``hpd_index`` and ``hpd_quality_report`` in turn against one store, with SQLite metadata in its own
+``AIRFLOW_HOME``, all in one process (:mod:`tasks.orchestration.airflow_cli`: Airflow and the tasks' libraries are
+imported once); then the promoted model, its validation report and the index are looked up in the store. A rerun
+skips every stage whose manifest matches, as a backfill would.
 
-Each run's output streams as it comes, filtered to what a user follows (:class:`RunView`): the stages' progress
-and summary lines, which task started and how it ended, errors, and a heartbeat when a stretch stays quiet.
+The output streams as it comes, filtered to what a user follows (:class:`RunView`, one per command): the stages'
+progress and summary lines, which task started and how it ended, errors, and a heartbeat when a stretch stays quiet.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any, NamedTuple
 
 from tasks.core import manifest, promoted
 from tasks.core.progress import EVERY_S_ENV, format_duration
+from tasks.orchestration import airflow_cli
 
 # The demo runs from a checkout: its DAG folder and the vendored corpus, relative to the working directory.
 DAGS_FOLDER = Path("dags")
@@ -109,28 +111,22 @@ class DemoPlan:
             "TRANSFORMERS_OFFLINE": "1",
         }
 
+    def commands(self) -> dict[str, list[str]]:
+        """The chain's Airflow commands (the ``airflow`` arguments), by label, in the order they run."""
+        day = self.day.isoformat()
+        tests = {dag: ["dags", "test", dag, day, "--conf", json.dumps(conf)] for dag, conf in self.confs().items()}
+        return {"airflow db migrate": ["db", "migrate"], **tests}
+
     def run_chain(self, echo: Callable[..., None] = print) -> dict[str, float]:
-        """Migrate the metadata database, then ``airflow dags test`` each DAG; the wall seconds of each step."""
+        """Migrate the metadata database, then ``airflow dags test`` each DAG, in one process; the wall seconds of
+        each command, by label."""
         for needed in (self.dags_folder / "hpd_ingest.py", self.source):
             if not needed.is_file():
                 hint = "run the demo from the checkout, or pass --dags-folder / --source"
                 raise DemoError(f"{needed}: not found; {hint}")
-        env = self.airflow_env()
         self.airflow_home.mkdir(parents=True, exist_ok=True)
-        start = time.perf_counter()
-        _airflow(["db", "migrate"], env, "db migrate", echo)
-        walls = {"airflow db migrate": round(time.perf_counter() - start, 2)}
-        for dag_id, conf in self.confs().items():
-            echo(f"airflow dags test {dag_id} {self.day} ...", flush=True)
-            start = time.perf_counter()
-            _airflow(["dags", "test", dag_id, self.day.isoformat(), "--conf", json.dumps(conf)], env, dag_id, echo)
-            walls[dag_id] = round(time.perf_counter() - start, 2)
-            echo(f"  done in {walls[dag_id]:.0f} s", flush=True)
-        return walls
-
-
-def _airflow(args: list[str], env: Mapping[str, str], label: str, echo: Callable[..., None]) -> None:
-    stream([str(Path(sys.executable).parent / "airflow"), *args], env, label, echo)
+        command = [sys.executable, "-m", airflow_cli.__name__, json.dumps(self.commands())]
+        return stream(command, self.airflow_env(), "airflow", echo)
 
 
 def stream(
@@ -139,10 +135,13 @@ def stream(
     label: str,
     echo: Callable[..., None] = print,
     heartbeat_s: float = HEARTBEAT_S,
-) -> None:
+) -> dict[str, float]:
     """Run ``command``, echoing the lines of its output that :class:`RunView` keeps as they come, and a heartbeat
-    after ``heartbeat_s`` seconds without one; a failure raises :class:`DemoError` with the end of the output."""
-    view, tail = RunView(label), deque[str](maxlen=TAIL_LINES)
+    after ``heartbeat_s`` seconds without one; a failure raises :class:`DemoError` with the end of the output. Its
+    output is ``label``'s until a step line (:func:`airflow_cli.step_line`) starts a step of its own. The wall
+    seconds of each step (or of ``label``'s, without step lines)."""
+    steps = _Steps(label, " ".join([Path(command[0]).name, *command[1:4]]), echo)
+    tail = deque[str](maxlen=TAIL_LINES)
     with subprocess.Popen(
         command,
         env={**env, "PYTHONUNBUFFERED": "1"},
@@ -157,13 +156,56 @@ def stream(
         while (line := _next(lines, shown_at + heartbeat_s - time.monotonic())) != "":
             if line is not None:
                 tail.append(line)
-            shown = view.heartbeat() if line is None else view.shown(line)
+            if line and line.startswith(airflow_cli.STEP):
+                steps.start(json.loads(line.removeprefix(airflow_cli.STEP)))
+                continue
+            shown = steps.view.heartbeat() if line is None else steps.view.shown(line)
             if shown is not None:
                 echo(shown, flush=True)
                 shown_at = time.monotonic()
     if process.returncode:
-        name = " ".join([Path(command[0]).name, *command[1:4]])
-        raise DemoError(f"`{name}` failed (exit {process.returncode}):\n{''.join(tail)[-4000:]}")
+        raise DemoError(f"`{steps.command}` failed (exit {process.returncode}):\n{''.join(tail)[-4000:]}")
+    return steps.ended()
+
+
+@dataclass
+class _Steps:
+    """The steps of a command's output: the one running (its label, command and :class:`RunView`) and each one's
+    wall seconds; a step's start and end are echoed."""
+
+    label: str
+    command: str
+    echo: Callable[..., None]
+    view: RunView = field(init=False)
+    walls: dict[str, float] = field(init=False, default_factory=dict)
+    _stepped: bool = field(init=False, default=False)  # whether a step line came
+    _start: float = field(init=False, default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.view = RunView(self.label)
+
+    def start(self, step: dict[str, str]) -> None:
+        """A step line's ``label`` and ``command`` begin."""
+        if self._stepped:
+            self._end()
+        self.label, self.command, self.view = step["label"], step["command"], RunView(step["label"])
+        self._stepped, self._start = True, time.perf_counter()
+        self.echo(f"{self.command} ...", flush=True)
+
+    def ended(self) -> dict[str, float]:
+        """The last step ends; each step's wall seconds."""
+        if self._stepped:
+            self._end()
+        else:
+            self.walls[self.label] = self._seconds()
+        return self.walls
+
+    def _end(self) -> None:
+        self.walls[self.label] = self._seconds()
+        self.echo(f"  done in {self.walls[self.label]:.0f} s", flush=True)
+
+    def _seconds(self) -> float:
+        return round(time.perf_counter() - self._start, 2)
 
 
 def _pump(pipe: Iterable[str]) -> queue.Queue[str]:

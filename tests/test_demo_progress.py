@@ -1,6 +1,7 @@
 """``hpd demo`` talks while it runs: the lines it keeps of Airflow's output, and its streaming of a command's output
-(a small Python process in place of ``airflow dags test``)."""
+(a small Python process in place of the chain's Airflow commands)."""
 
+import re
 import sys
 import textwrap
 
@@ -8,6 +9,7 @@ import pytest
 
 from tasks import demo
 from tasks.core.progress import EVERY_S_ENV
+from tasks.orchestration import airflow_cli
 
 DAG = "airflow.sdk.definitions.dag"
 API = "airflow.api_fastapi.execution_api.routes.task_instances"
@@ -133,6 +135,42 @@ def test_a_quiet_stretch_gets_a_heartbeat():
     demo.stream(_python(code), {}, "hpd_retrain", lambda line, **_: echoed.append(line), heartbeat_s=0.25)
     assert echoed[0].endswith("] before") and echoed[-1].endswith("] after")
     assert echoed[1:-1] and all("] still running" in line for line in echoed[1:-1])
+
+
+INGEST = ["dags", "test", "hpd_ingest", "2026-11-30", "--conf", '{"limit": 20}']
+
+
+def test_step_lines_split_the_output_into_steps_each_led_and_timed():
+    code = f"""
+        import time
+        print("an import's warning", flush=True)
+        print({airflow_cli.step_line("airflow db migrate", ["db", "migrate"])!r}, flush=True)
+        print({_log("migrated")!r}, flush=True)
+        time.sleep(0.3)
+        print({airflow_cli.step_line("hpd_ingest", INGEST)!r}, flush=True)
+        print({_log("staged")!r}, flush=True)
+    """
+    echoed: list[str] = []
+    walls = demo.stream(_python(code), {}, "airflow", lambda line, **_: echoed.append(line))
+    assert list(walls) == ["airflow db migrate", "hpd_ingest"] and walls["airflow db migrate"] >= 0.3
+    assert [re.sub(r" \d[^\]]*\]", "]", line) for line in echoed] == [
+        "airflow db migrate ...",
+        "  [airflow db migrate] migrated",
+        "  done in 0 s",
+        "airflow dags test hpd_ingest 2026-11-30 ...",  # its conf left out
+        "  [hpd_ingest] staged",
+        "  done in 0 s",
+    ]
+
+
+def test_a_failing_step_is_named_and_ends_the_output():
+    code = f"""
+        import sys
+        print({airflow_cli.step_line("hpd_ingest", INGEST)!r}, flush=True)
+        sys.exit("DagRun failed")
+    """
+    with pytest.raises(demo.DemoError, match=r"^`airflow dags test hpd_ingest 2026-11-30` failed \(exit 1\):\n"):
+        demo.stream(_python(code), {}, "airflow", lambda *a, **k: None)
 
 
 def test_a_failure_holds_the_end_of_the_output():

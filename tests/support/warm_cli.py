@@ -1,0 +1,128 @@
+"""``hpd`` commands as real processes that start with the heavy libraries loaded: a zygote process imports them once
+(``PRELOADED``), and a tiny ``hpd`` executable asks it, over a Unix socket, to fork a child that runs ``tasks.cli.main``
+with the caller's arguments, environment, working directory and standard streams (passed as file descriptors); the
+caller gets the command's exit status. What a command does and prints is the console script's; only its imports of
+the tasks' libraries (torch, transformers and the like) are paid once. Airflow is not preloaded: its configuration is
+read at import.
+
+The zygote never runs a torch operation or starts a thread, so forking it is safe; it starts with the test process's
+environment, so the Hugging Face settings read at import (offline mode, caches) are the commands' own."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from tasks.orchestration.task_libraries import TASK_LIBRARIES
+from tests.support.paths import REPO
+from tests.support.servers import stop_group
+
+PRELOADED = tuple(name for name in TASK_LIBRARIES if not name.startswith("airflow"))
+_REQUEST_LIMIT = 1 << 20  # bytes: argv, environment and working directory, as JSON
+
+# The executable a script calls as `hpd`: sends its argv, environment, working directory and fds 0-2, and exits with
+# the status the zygote reports (255 if the connection ends without one).
+_CLIENT = """#!{python} -IS
+import json, os, socket, sys
+with socket.socket(socket.AF_UNIX) as zygote:
+    zygote.connect({socket!r})
+    request = json.dumps({{"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd()}}).encode()
+    socket.send_fds(zygote, [request], [0, 1, 2])
+    zygote.shutdown(socket.SHUT_WR)
+    status = zygote.makefile().read()
+sys.exit(int(status) if status.strip() else 255)
+"""
+
+
+@contextlib.contextmanager
+def warm_hpd(bin_dir: Path) -> Iterator[Path]:
+    """A zygote serving ``bin_dir/hpd`` (created here) for the ``with`` block; the executable's path."""
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    address = str(bin_dir / ".hpd.sock")
+    zygote = subprocess.Popen(
+        [sys.executable, "-c", "import sys; from tests.support.warm_cli import serve; serve(sys.argv[1])", address],
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert zygote.stdout is not None and zygote.stdout.readline() == b"ready\n", "the hpd zygote did not start"
+        client = bin_dir / "hpd"
+        client.write_text(_CLIENT.format(python=sys.executable, socket=address))
+        client.chmod(0o755)
+        yield client
+    finally:
+        stop_group(zygote)
+
+
+def serve(address: str) -> None:
+    """The zygote: import ``PRELOADED``, say ``ready`` on stdout, then fork a command for each connection."""
+    import importlib
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the commands' parents are reaped without a wait
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(address)
+        listener.listen()
+        print("ready", flush=True)
+        while True:
+            connection, _ = listener.accept()
+            if os.fork() == 0:
+                listener.close()
+                _answer(connection)
+            connection.close()
+
+
+def _answer(connection: socket.socket) -> None:
+    """In a forked parent of the command: run it in a child of its own, then send its exit status back."""
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    payload, fds, _, _ = socket.recv_fds(connection, _REQUEST_LIMIT, 3)
+    while chunk := connection.recv(_REQUEST_LIMIT):
+        payload += chunk
+    request = json.loads(payload)
+    command = os.fork()
+    if command == 0:
+        connection.close()
+        _run(request, fds)
+    for fd in fds:
+        os.close(fd)
+    _, status = os.waitpid(command, 0)
+    connection.sendall(str(os.waitstatus_to_exitcode(status) % 256).encode())
+    os._exit(0)
+
+
+def _run(request: dict, fds: list[int]) -> None:
+    """In the command's process: take the caller's streams, directory, environment and arguments; run the CLI."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = request["argv"]
+    for stream in (sys.stdout, sys.stderr):  # as a fresh process would buffer the caller's streams
+        stream.reconfigure(line_buffering=stream.isatty())
+    code = 1
+    try:
+        from tasks.cli import main
+
+        code = main()
+    except SystemExit as exit_:
+        code = exit_.code if isinstance(exit_.code, int) else 1
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
