@@ -8,10 +8,12 @@ import os
 import threading
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from tasks.core import storage
+from tests.support import warm_cli
 from tests.support.servers import s3_settings
 
 _ISOLATED_ENV = (
@@ -125,6 +127,14 @@ def s3_endpoint() -> Iterator[str]:
     host, port = server.get_host_and_port()
     yield f"http://{host}:{port}"
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def warm_hpd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """An ``hpd`` executable whose commands are processes forked from a zygote that loaded their libraries
+    (tests/support/warm_cli.py): what the console script does, without seconds of imports per command."""
+    with warm_cli.warm_hpd(tmp_path_factory.mktemp("warm-hpd")) as client:
+        yield client
 
 
 @pytest.fixture

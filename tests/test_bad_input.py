@@ -9,10 +9,9 @@ corrupt manifests (a rerun over a manifest it cannot read refuses instead of ski
 input, clean errors and credentials redaction. A case may ``seed`` the store first (a staged partition, or a
 store carried through fit-pca with tiny models, copied from a template built once per module), then damage it.
 
-Cases run the ``hpd`` console script in a subprocess; those whose command would spend seconds importing torch,
-transformers and faiss before it refuses (``search``, and ``distill``, ``validate`` and ``build-index`` past
-their parameters) call ``tasks.cli.main`` in this process instead (``in_process``): the same exit code and
-stderr, and an exception escaping it fails the case as the traceback the console script would print.
+Each case runs ``hpd`` as a process of its own, forked from a zygote that has loaded the libraries the commands
+import (tests/support/warm_cli.py): the console script's exit code, output and files, without seconds of imports of
+torch, transformers and faiss per case.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ import json
 import os
 import pickle
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
@@ -39,7 +37,6 @@ from tests.support.projected_store import PCA_NAME, corpus_lines, projected_stor
 
 pytestmark = pytest.mark.models
 
-HPD = Path(sys.executable).parent / "hpd"
 DAY = ["--ingest-date", "2026-11-30"]
 STAGED_DAY = date(2026, 11, 30)
 SECRET = "topsecret"
@@ -102,7 +99,6 @@ class Case:
     expected: str
     on: tuple[str, ...] = FILE
     seed: Seed | None = None
-    in_process: bool = False
 
 
 # -- seeds: what a case finds in its store ---------------------------------------------------------------------
@@ -318,7 +314,6 @@ CASES = [
         ("search", "a query", "--store", "ftp://host/x"),
         2,
         "--store: ftp://host/x",
-        in_process=True,
     ),
     Case("search-k-zero", ("search", "a query", "-k", "0", "--store", "{store}"), 2, "0 is not within 1-1000"),
     Case(
@@ -392,7 +387,6 @@ CASES = [
         2,
         "--store: s3://{bucket}/root: credentials do not belong in a URI",
         on=S3,
-        in_process=True,
     ),
     Case(
         "source-credentials",
@@ -458,7 +452,6 @@ CASES = [
         "{pointer} names {index}, outside the store {store}; refused",
         on=BOTH,
         seed=_index_pointer(_outside),
-        in_process=True,
     ),
     Case(
         "index-pointer-traversal",
@@ -467,7 +460,6 @@ CASES = [
         "{pointer}: not a indexes/current.json pointer (../raw/index.faiss: not a store-relative key",
         on=BOTH,
         seed=_index_pointer(lambda place: "../raw/index.faiss"),
-        in_process=True,
     ),
     Case(
         "model-pointer-traversal",
@@ -476,7 +468,6 @@ CASES = [
         "{pointer}: not a models/current.json pointer",
         on=BOTH,
         seed=_model_pointer,
-        in_process=True,
     ),
     Case(
         "checkpoint-pointer-outside",
@@ -485,7 +476,6 @@ CASES = [
         "{store}/students/resumable/checkpoints/latest.json: names '{named}', outside this run's checkpoints",
         on=BOTH,
         seed=_checkpoint(None, key=_outside),
-        in_process=True,
     ),
     Case(
         "manifest-linked-out",
@@ -517,7 +507,6 @@ CASES = [
             f"{{pointer}}: not a {pointer} pointer (not readable JSON: ",
             on=BOTH,
             seed=_truncated(pointer),
-            in_process=True,
         )
         for pointer, argv in (
             ("indexes/current.json", ("search", "a query", "--store", "{store}")),
@@ -534,7 +523,6 @@ CASES = [
         "{pairs}: not UTF-8 text (byte 0); pair files are CSV or TSV",
         on=BOTH,
         seed=_binary_pair_file,
-        in_process=True,
     ),
     # no pickle from the store
     Case(
@@ -544,7 +532,6 @@ CASES = [
         "{checkpoint}: not a safe checkpoint, refused",
         on=BOTH,
         seed=_checkpoint(_torch_saved_pickle),
-        in_process=True,
     ),
     Case(
         "raw-pickle-checkpoint",
@@ -552,7 +539,6 @@ CASES = [
         1,
         "{checkpoint}: corrupted or incompatible checkpoint (not a torch archive); refused",
         seed=_checkpoint(_raw_pickle),
-        in_process=True,
     ),
     # verified reads
     Case(
@@ -588,7 +574,6 @@ CASES = [
         "{index}: not a FAISS index",
         on=BOTH,
         seed=_index_pointer(lambda place: storage.join(place.store, "indexes/tiny/0123456789ab/index.faiss"), True),
-        in_process=True,
     ),
     # verified skips and corrupt manifests: a rerun neither skips nor overwrites what it cannot read
     Case(
@@ -630,7 +615,6 @@ CASES = [
         1,
         "{store}/indexes/current.json: no index promoted yet",
         on=BOTH,
-        in_process=True,
     ),
     Case("nothing-staged", ("encode-teacher", "--store", "{store}", *DAY), 1, "no sentences staged for ingest_date"),
     Case(
@@ -638,14 +622,12 @@ CASES = [
         ("distill", "--store", "{store}", "--pca-name", "k8-missing"),
         1,
         "{store}: no PCA run 'k8-missing'",
-        in_process=True,
     ),
     Case(
         "no-distill-run",
         ("validate", "--store", "{store}", "--model-run", "missing"),
         1,
         "no published distill run 'missing'",
-        in_process=True,
     ),
     Case(
         "augment-nothing-staged",
@@ -671,7 +653,6 @@ CASES = [
         ("build-index", "--store", "{store}"),
         1,
         "{store}: no promoted model",
-        in_process=True,
     ),
     Case(
         "store-bucket-missing",
@@ -851,40 +832,21 @@ def _world(place: Place) -> tuple[store_state.Snapshot, store_state.Snapshot]:
     return store, around | {f"bucket:{name}": b"" for name in store_state.bucket_names()}
 
 
-def _run_hpd(argv: list[str], cwd: Path) -> tuple[int, str, str]:
+def _run_hpd(hpd: Path, argv: list[str], cwd: Path) -> tuple[int, str, str]:
     env = {k: v for k, v in os.environ.items() if k != "HPD_STORE"}
-    done = subprocess.run([str(HPD), *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    done = subprocess.run([str(hpd), *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     return done.returncode, done.stdout, done.stderr
 
 
-def _call_main(argv: list[str], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> tuple:
-    from tasks import cli
-
-    monkeypatch.delenv("HPD_STORE", raising=False)
-    capsys.readouterr()
-    try:
-        code = cli.main(argv)
-    except SystemExit as exc:  # argparse's own refusals
-        code = exc.code
-    except Exception as exc:  # the console script would print it as a traceback
-        pytest.fail(f"hpd {argv} raised {type(exc).__name__}: {exc}; the console script prints a traceback")
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 @pytest.mark.parametrize(("case", "backend"), PARAMS)
-def test_bad_input_is_refused_cleanly(case, backend, scratch, request, monkeypatch, capsys):
+def test_bad_input_is_refused_cleanly(case, backend, scratch, request, warm_hpd):
     place = _place(backend, scratch, request)
     names = {"tmp": str(scratch), "src": place.src, "store": place.store, "bucket": place.bucket}
     if case.seed is not None:
         names |= case.seed(place)
     argv = [a.format_map(names) for a in case.argv]
     store_before, around_before = _world(place)
-    monkeypatch.chdir(scratch)  # a default ./var/store would land in the scratch folder, and be seen
-    if case.in_process:
-        code, out, err = _call_main(argv, monkeypatch, capsys)
-    else:
-        code, out, err = _run_hpd(argv, scratch)
+    code, out, err = _run_hpd(warm_hpd, argv, scratch)  # a default ./var/store would land in the scratch folder
     said = out + err
     assert code == case.code, said
     assert case.expected.format_map(names) in err, err

@@ -233,9 +233,9 @@ def _torchrun_command(*program):
     return command, env
 
 
-def _torchrun(values, *extra):
-    """``hpd distill`` with ``values`` in two processes under torchrun (CPU, gloo)."""
-    hpd = Path(sys.executable).parent / "hpd"
+def _torchrun(hpd: Path, values, *extra):
+    """``hpd distill`` (``hpd``: the ``warm_hpd`` fixture's) with ``values`` in two processes under torchrun (CPU,
+    gloo)."""
     args = []
     for key, value in values.items():
         flag = f"--{key.replace('_', '-')}"
@@ -244,10 +244,10 @@ def _torchrun(values, *extra):
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_two_process_ddp_matches_single_process(prepared):
+def test_two_process_ddp_matches_single_process(prepared, warm_hpd):
     common = {"max_steps": 6, "eval_every": 6, "dropout": 0.0, "init": "random", "batch_size": 16, "grad_accum": 2}
     single = distill.run(_params(prepared, name="single", **common))
-    out = _torchrun(_values(prepared, name="ddp", **common), "--quiet")
+    out = _torchrun(warm_hpd, _values(prepared, name="ddp", **common), "--quiet")
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = json.loads(storage.read_bytes(_run_file(prepared["store"], "ddp", "metrics.json")))
     assert metrics["world_size"] == 2
@@ -262,8 +262,8 @@ DDP_STRAIGHT = {"epochs": 3, "dropout": 0.0, "init": "ridge", "checkpoint_every"
 
 
 @pytest.fixture(scope="module")
-def ddp_straight(prepared) -> subprocess.CompletedProcess:
-    done = _torchrun(_values(prepared, name="ddp-straight", **DDP_STRAIGHT))
+def ddp_straight(prepared, warm_hpd) -> subprocess.CompletedProcess:
+    done = _torchrun(warm_hpd, _values(prepared, name="ddp-straight", **DDP_STRAIGHT))
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -280,7 +280,7 @@ def test_two_processes_leave_out_each_epochs_tail_and_say_so(prepared, ddp_strai
     assert "epoch 1/3 ended at step 12" in said and "epoch 2/3 ended at step 24" in said
 
 
-def test_a_killed_two_process_run_resumes_mid_epoch_two_to_the_same_weights(prepared, ddp_straight):
+def test_a_killed_two_process_run_resumes_mid_epoch_two_to_the_same_weights(prepared, ddp_straight, warm_hpd):
     """The run of ``DDP_STRAIGHT`` killed after a checkpoint inside the second epoch and launched again: the
     resumed epoch takes that epoch's order (not the first's) and the run ends where the unbroken one does."""
     killed = _values(prepared, name="ddp-killed", **DDP_STRAIGHT)
@@ -295,7 +295,7 @@ def test_a_killed_two_process_run_resumes_mid_epoch_two_to_the_same_weights(prep
     for process in [*psutil.Process(child.pid).children(recursive=True), psutil.Process(child.pid)]:
         process.kill()  # the two processes (torchrun starts each in a session of its own), then torchrun
     child.wait()
-    resumed = _torchrun(killed)
+    resumed = _torchrun(warm_hpd, killed)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     [step] = re.findall(r"distill ddp-killed: resumed from \S+ at step (\d+)", resumed.stderr + resumed.stdout)
     assert int(step) in (15, 18, 21)

@@ -268,11 +268,11 @@ def test_every_process_exports_the_leaders_choice(prepared):
     assert all(torch.equal(value, halfway[key]) for key, value in trainer.model.state_dict().items())
 
 
-def test_two_process_ddp_blends_as_one_process_does(prepared):
+def test_two_process_ddp_blends_as_one_process_does(prepared, warm_hpd):
     common = {"max_steps": 6, "eval_every": 3, "dropout": 0.0, "init": "ridge", "grad_accum": 2}
     single = distill.run(_params(prepared, name="blend-single", **common))
     values = _values(prepared, name="blend-ddp", **common)
-    out = _torchrun(values, "--blend-initial", *map(str, FRACTIONS), "--quiet")
+    out = _torchrun(warm_hpd, values, "--blend-initial", *map(str, FRACTIONS), "--quiet")
     assert out.returncode == 0, out.stderr[-3000:]
     metrics = json.loads(storage.read_bytes(_metrics_uri(prepared["store"], "blend-ddp")))
     assert metrics["world_size"] == 2

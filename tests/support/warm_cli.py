@@ -1,18 +1,21 @@
-"""``hpd`` commands as real processes that start with the heavy libraries loaded: a zygote process imports them once
-(``PRELOADED``), and a tiny ``hpd`` executable asks it, over a Unix socket, to fork a child that runs ``tasks.cli.main``
-with the caller's arguments, environment, working directory and standard streams (passed as file descriptors); the
-caller gets the command's exit status. What a command does and prints is the console script's; only its imports of
-the tasks' libraries (torch, transformers and the like) are paid once. Airflow is not preloaded: its configuration is
-read at import.
+"""``hpd`` commands as real processes that start with their libraries loaded: a zygote process imports them once
+(``PRELOADED``), and a small ``hpd`` executable asks it, over a Unix socket, to fork a process that runs
+``tasks.cli.main`` with the caller's arguments, environment, working directory and standard streams (passed as file
+descriptors); the caller exits with the command's exit status. What a command does and prints is the console
+script's; only the seconds of imports (torch, transformers and the like) are paid once. Airflow is not preloaded:
+its configuration is read at import.
 
-The zygote never runs a torch operation or starts a thread, so forking it is safe; it starts with the test process's
-environment, so the Hugging Face settings read at import (offline mode, caches) are the commands' own."""
+A command dies with its caller: when the executable ends first (killed, or by a signal), the command is killed. The
+zygote never runs a torch operation or starts a thread, so forking it is safe; it starts with the test process's
+environment, so the Hugging Face settings read at import (offline mode, caches) are the commands' own. The project's
+modules read no environment at import."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -24,28 +27,27 @@ from tasks.orchestration.task_libraries import TASK_LIBRARIES
 from tests.support.paths import REPO
 from tests.support.servers import stop_group
 
-PRELOADED = tuple(name for name in TASK_LIBRARIES if not name.startswith("airflow"))
+PRELOADED = (*(name for name in TASK_LIBRARIES if not name.startswith("airflow")), "tasks.cli")
 _REQUEST_LIMIT = 1 << 20  # bytes: argv, environment and working directory, as JSON
 
-# The executable a script calls as `hpd`: sends its argv, environment, working directory and fds 0-2, and exits with
-# the status the zygote reports (255 if the connection ends without one).
+# The executable a script calls as `hpd`: sends fds 0-2 and its argv, environment and working directory (as JSON, led
+# by its length and a newline), then exits with the status the zygote reports (255 if the connection ends without one).
 _CLIENT = """#!{python} -IS
 import json, os, socket, sys
 with socket.socket(socket.AF_UNIX) as zygote:
     zygote.connect({socket!r})
     request = json.dumps({{"argv": sys.argv, "env": dict(os.environ), "cwd": os.getcwd()}}).encode()
-    socket.send_fds(zygote, [request], [0, 1, 2])
-    zygote.shutdown(socket.SHUT_WR)
+    socket.send_fds(zygote, [b"%d\\n" % len(request) + request], [0, 1, 2])
     status = zygote.makefile().read()
 sys.exit(int(status) if status.strip() else 255)
 """
 
 
 @contextlib.contextmanager
-def warm_hpd(bin_dir: Path) -> Iterator[Path]:
-    """A zygote serving ``bin_dir/hpd`` (created here) for the ``with`` block; the executable's path."""
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    address = str(bin_dir / ".hpd.sock")
+def warm_hpd(folder: Path) -> Iterator[Path]:
+    """A zygote serving ``folder/hpd`` (created here) for the ``with`` block; the executable's path."""
+    folder.mkdir(parents=True, exist_ok=True)
+    address = str(folder / ".hpd.sock")
     zygote = subprocess.Popen(
         [sys.executable, "-c", "import sys; from tests.support.warm_cli import serve; serve(sys.argv[1])", address],
         cwd=REPO,
@@ -55,7 +57,7 @@ def warm_hpd(bin_dir: Path) -> Iterator[Path]:
     )
     try:
         assert zygote.stdout is not None and zygote.stdout.readline() == b"ready\n", "the hpd zygote did not start"
-        client = bin_dir / "hpd"
+        client = folder / "hpd"
         client.write_text(_CLIENT.format(python=sys.executable, socket=address))
         client.chmod(0o755)
         yield client
@@ -83,11 +85,13 @@ def serve(address: str) -> None:
 
 
 def _answer(connection: socket.socket) -> None:
-    """In a forked parent of the command: run it in a child of its own, then send its exit status back."""
+    """In a forked parent of the command: run it in a child of its own, then send its exit status back; kill it
+    should the caller end first."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    payload, fds, _, _ = socket.recv_fds(connection, _REQUEST_LIMIT, 3)
-    while chunk := connection.recv(_REQUEST_LIMIT):
-        payload += chunk
+    received, fds, _, _ = socket.recv_fds(connection, _REQUEST_LIMIT, 3)
+    size, _, payload = received.partition(b"\n")
+    while len(payload) < int(size):
+        payload += connection.recv(_REQUEST_LIMIT)
     request = json.loads(payload)
     command = os.fork()
     if command == 0:
@@ -95,8 +99,12 @@ def _answer(connection: socket.socket) -> None:
         _run(request, fds)
     for fd in fds:
         os.close(fd)
+    ended = os.pidfd_open(command)
+    if connection in select.select([connection, ended], [], [])[0]:  # the caller sends nothing more: it is gone
+        os.kill(command, signal.SIGKILL)
     _, status = os.waitpid(command, 0)
-    connection.sendall(str(os.waitstatus_to_exitcode(status) % 256).encode())
+    with contextlib.suppress(OSError):
+        connection.sendall(str(os.waitstatus_to_exitcode(status) % 256).encode())
     os._exit(0)
 
 
@@ -115,9 +123,11 @@ def _run(request: dict, fds: list[int]) -> None:
     try:
         from tasks.cli import main
 
-        code = main()
-    except SystemExit as exit_:
-        code = exit_.code if isinstance(exit_.code, int) else 1
+        code = main() or 0
+    except SystemExit as exit_:  # as the interpreter exits on it
+        code = exit_.code if isinstance(exit_.code, int) else int(exit_.code is not None)
+        if exit_.code is not None and not isinstance(exit_.code, int):
+            print(exit_.code, file=sys.stderr)
     except BaseException:
         import traceback
 
