@@ -138,7 +138,7 @@ def stream(
 ) -> dict[str, float]:
     """Run ``command``, echoing the lines of its output that :class:`RunView` keeps as they come, and a heartbeat
     after ``heartbeat_s`` seconds without one; a failure raises :class:`DemoError` with the end of the output. Its
-    output is ``label``'s until a step line (:func:`airflow_cli.step_line`) starts a step of its own. The wall
+    output is ``label``'s until a step line (:class:`airflow_cli.Step`) starts a step of its own. The wall
     seconds of each step (or of ``label``'s, without step lines)."""
     steps = _Steps(label, " ".join([Path(command[0]).name, *command[1:4]]), echo)
     tail = deque[str](maxlen=TAIL_LINES)
@@ -156,8 +156,8 @@ def stream(
         while (line := _next(lines, shown_at + heartbeat_s - time.monotonic())) != "":
             if line is not None:
                 tail.append(line)
-            if line and line.startswith(airflow_cli.STEP):
-                steps.start(json.loads(line.removeprefix(airflow_cli.STEP)))
+            if line and (step := airflow_cli.Step.read(line)):
+                steps.start(step)
                 continue
             shown = steps.view.heartbeat() if line is None else steps.view.shown(line)
             if shown is not None:
@@ -184,11 +184,11 @@ class _Steps:
     def __post_init__(self) -> None:
         self.view = RunView(self.label)
 
-    def start(self, step: dict[str, str]) -> None:
-        """A step line's ``label`` and ``command`` begin."""
+    def start(self, step: airflow_cli.Step) -> None:
+        """A step line's command begins."""
         if self._stepped:
             self._end()
-        self.label, self.command, self.view = step["label"], step["command"], RunView(step["label"])
+        self.label, self.command, self.view = step.label, step.command, RunView(step.label)
         self._stepped, self._start = True, time.perf_counter()
         self.echo(f"{self.command} ...", flush=True)
 

@@ -144,10 +144,10 @@ def test_step_lines_split_the_output_into_steps_each_led_and_timed():
     code = f"""
         import time
         print("an import's warning", flush=True)
-        print({airflow_cli.step_line("airflow db migrate", ["db", "migrate"])!r}, flush=True)
+        print({airflow_cli.Step.of("airflow db migrate", ["db", "migrate"]).line()!r}, flush=True)
         print({_log("migrated")!r}, flush=True)
         time.sleep(0.3)
-        print({airflow_cli.step_line("hpd_ingest", INGEST)!r}, flush=True)
+        print({airflow_cli.Step.of("hpd_ingest", INGEST).line()!r}, flush=True)
         print({_log("staged")!r}, flush=True)
     """
     echoed: list[str] = []
@@ -166,7 +166,7 @@ def test_step_lines_split_the_output_into_steps_each_led_and_timed():
 def test_a_failing_step_is_named_and_ends_the_output():
     code = f"""
         import sys
-        print({airflow_cli.step_line("hpd_ingest", INGEST)!r}, flush=True)
+        print({airflow_cli.Step.of("hpd_ingest", INGEST).line()!r}, flush=True)
         sys.exit("DagRun failed")
     """
     with pytest.raises(demo.DemoError, match=r"^`airflow dags test hpd_ingest 2026-11-30` failed \(exit 1\):\n"):

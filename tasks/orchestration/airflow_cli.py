@@ -2,7 +2,7 @@
 (``airflow.__main__.main``: Airflow's parser, then the command's function), so that the imports of Airflow and of
 the libraries its tasks load are paid once, not once per command. ``hpd demo`` runs its chain this way.
 
-Before each command a line ``STEP`` + ``{"label": ..., "command": ...}`` on stdout marks where its output starts.
+Before each command its :class:`Step` line on stdout marks where its output starts.
 A failing command ends the process with its exit status, as the executable would; the commands after it do not run.
 """
 
@@ -10,14 +10,29 @@ from __future__ import annotations
 
 import json
 import sys
+from typing import NamedTuple
 
 STEP = "hpd-airflow-step "
 
 
-def step_line(label: str, argv: list[str]) -> str:
-    """The line that marks the start of the command ``argv`` (``airflow`` left out), known as ``label``."""
-    words = argv[: argv.index("--conf")] if "--conf" in argv else argv  # a run's JSON conf is left out
-    return STEP + json.dumps({"label": label, "command": " ".join(["airflow", *words])})
+class Step(NamedTuple):
+    """A command of the run: its label and its command line (``airflow`` and its words, a run's JSON conf left out)."""
+
+    label: str
+    command: str
+
+    @classmethod
+    def of(cls, label: str, argv: list[str]) -> Step:
+        words = argv[: argv.index("--conf")] if "--conf" in argv else argv
+        return cls(label, " ".join(["airflow", *words]))
+
+    @classmethod
+    def read(cls, line: str) -> Step | None:
+        """The step a line of the output starts (None: a line of a command's own)."""
+        return cls(**json.loads(line.removeprefix(STEP))) if line.startswith(STEP) else None
+
+    def line(self) -> str:
+        return STEP + json.dumps(self._asdict())
 
 
 def run(commands: dict[str, list[str]]) -> None:
@@ -25,7 +40,7 @@ def run(commands: dict[str, list[str]]) -> None:
     from airflow.__main__ import main
 
     for label, argv in commands.items():
-        print(step_line(label, argv), flush=True)
+        print(Step.of(label, argv).line(), flush=True)
         sys.argv = ["airflow", *argv]
         main()
         sys.stdout.flush()
