@@ -10,6 +10,7 @@ back as float32 in input order.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -341,16 +342,49 @@ class SentenceEncoder(torch.nn.Module):
             yield positions, {name: padded[name].to(self.device) for name in ("input_ids", "attention_mask")}
 
 
+# Lists of at most this many sentences keep their batches for the next encoder of the same tokenizer (up to
+# KEPT_LISTS lists): a validation scores each STS pair set with the student, its baseline and the teacher's members.
+KEPT_TEXTS, KEPT_LISTS = 20_000, 8
+_kept_batches: dict[tuple[Any, ...], list[tuple[np.ndarray, Any]]] = {}
+
+
 def length_batches(
     tokenizer: Any, texts: list[str], max_length: int, batch_size: int, tensors: str
 ) -> Iterator[tuple[np.ndarray, Any]]:
     """Batches of similar token length (longest first), so padding is minimal: each batch's positions in
-    ``texts`` and its padded ``input_ids`` and ``attention_mask`` (``tensors``: "pt" or "np")."""
+    ``texts`` and its padded ``input_ids`` and ``attention_mask`` (``tensors``: "pt" or "np"). The batches of a
+    short list are kept (``KEPT_TEXTS``), for the same list and a tokenizer of the same definition."""
+    definition = _definition(tokenizer)
+    if definition is None or len(texts) > KEPT_TEXTS:
+        return _length_batches(tokenizer, texts, max_length, batch_size, tensors)
+    key = (definition, max_length, batch_size, tensors, tuple(texts))
+    if key not in _kept_batches:
+        while len(_kept_batches) >= KEPT_LISTS:
+            del _kept_batches[next(iter(_kept_batches))]
+        _kept_batches[key] = list(_length_batches(tokenizer, texts, max_length, batch_size, tensors))
+    return iter(_kept_batches[key])
+
+
+def _length_batches(
+    tokenizer: Any, texts: list[str], max_length: int, batch_size: int, tensors: str
+) -> Iterator[tuple[np.ndarray, Any]]:
     encoded = tokenizer(texts, truncation=True, max_length=max_length, return_attention_mask=False).input_ids
     order = np.argsort([-len(ids) for ids in encoded], kind="stable")
     for start in range(0, len(order), batch_size):
         positions = order[start : start + batch_size]
         yield positions, tokenizer.pad({"input_ids": [encoded[i] for i in positions]}, return_tensors=tensors)
+
+
+def _definition(tokenizer: Any) -> tuple[str, Any, str] | None:
+    """What a fast tokenizer does (its serialised definition's digest, its padding token and side), computed once
+    per tokenizer; None for another kind."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    if not hasattr(tokenizer, "_hpd_definition"):
+        digest = hashlib.sha256(backend.to_str().encode()).hexdigest()
+        tokenizer._hpd_definition = (digest, tokenizer.pad_token_id, tokenizer.padding_side)
+    return tokenizer._hpd_definition
 
 
 def transformer_folder(spec: str) -> Path:

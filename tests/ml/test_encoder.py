@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from sentence_transformers import SentenceTransformer
 
-from tasks.ml import models, precision
+from tasks.ml import encoder, models, precision
 from tasks.ml.encoder import Dense, SentenceEncoder
 from tests.support.tiny_models import build_sentence_model
 
@@ -39,6 +39,20 @@ def test_bf16_autocast_stays_close_to_fp32(tmp_path):
 def test_batching_does_not_change_embeddings(tmp_path):
     encoder = SentenceEncoder.load(str(build_sentence_model(tmp_path / "m")))
     np.testing.assert_allclose(encoder.encode(TEXTS, batch_size=1), encoder.encode(TEXTS, batch_size=5), atol=1e-5)
+
+
+def test_a_second_encoder_of_the_same_tokenizer_reuses_the_batches_and_encodes_the_same(tmp_path, monkeypatch):
+    first = SentenceEncoder.load(str(build_sentence_model(tmp_path / "a")))
+    second = SentenceEncoder.load(str(build_sentence_model(tmp_path / "b", seed=1)))
+    texts = [f"{text} {tmp_path.name} {n}" for n in range(3) for text in TEXTS]  # a list no other test encodes
+    made = list(encoder.length_batches(first.tokenizer, texts, first.max_seq_length, 4, "pt"))
+    kept = list(encoder.length_batches(second.tokenizer, texts, second.max_seq_length, 4, "pt"))
+    assert len(kept) == 4 and all(k[1] is m[1] for k, m in zip(kept, made, strict=True))  # the same batches
+    shorter = list(encoder.length_batches(second.tokenizer, texts, 8, 4, "pt"))  # other settings: made anew
+    assert shorter[0][1]["input_ids"].shape[1] == 8 < made[0][1]["input_ids"].shape[1]
+    embeddings = second.encode(texts, batch_size=4)
+    monkeypatch.setattr(encoder, "KEPT_TEXTS", 0)  # nothing kept: every batch tokenised again
+    np.testing.assert_array_equal(second.encode(texts, batch_size=4), embeddings)
 
 
 def test_only_missing_weights_that_matter_are_reported(tmp_path, caplog, capfd):
