@@ -1,10 +1,10 @@
 """Orchestration overhead: the demo's DAG chain under Airflow against its stages' own compute time.
 
 Runs what ``make demo`` runs (``airflow dags test`` of hpd_ingest, hpd_retrain, hpd_index and
-hpd_quality_report on the demo sample, real packaged models) in a fresh store and Airflow home, then sums
-every stage manifest's ``timings_s.total`` (from the stage's start to its manifest). Everything else in the
-DAG runs' wall time is orchestration: process start-up, imports, DAG parsing, task state and XCom in the
-metadata database, each task's input lookup. A rerun of the finished chain (every stage skips) is timed too.
+hpd_quality_report in one process, on the demo sample, real packaged models) in a fresh store and Airflow home,
+then sums every stage manifest's ``timings_s.total`` (from the stage's start to its manifest). Everything else in
+the DAG runs' wall time is orchestration: imports, DAG parsing, task state and XCom in the metadata database, each
+task's input lookup. A rerun of the finished chain (every stage skips) is timed too.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main() -> dict:
             "overhead_seconds": round(dag_wall - compute, 2),
             "overhead_percent": round(100 * (dag_wall - compute) / dag_wall, 1),
             "rerun_all_skipped_wall_seconds": rerun,
-            "note": "ours: wall time of `airflow dags test` of the four DAGs in turn (no executor; "
+            "note": "ours: wall time of `airflow dags test` of the four DAGs in turn, in one process (no executor; "
             "SQLite), excluding the one-off `airflow db migrate`; ratio = compute / wall",
         },
     )
