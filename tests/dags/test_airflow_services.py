@@ -285,18 +285,19 @@ def test_reports_open_from_their_tasks_in_the_grid(services, backend, tmp_path):
     body = {"logical_date": None, "partition_key": DAYS[0], "conf": {"store": runs["store"]}}
     runs["hpd_quality_report"] = services.request("POST", "/api/v2/dags/hpd_quality_report/dagRuns", body)["dag_run_id"]
     assert services.wait_for_run("hpd_quality_report", runs["hpd_quality_report"], timeout=300) == "success"
-    visit, profile = chromium.Visit(offline=False, cookies={"_token": services.token}), tmp_path / "profile"
+    visit = chromium.Visit(offline=False, cookies={"_token": services.token})
     buttons = replace(visit, until="document.querySelector('a[href*=\"/hpd/reports/\"]')")  # fetched after the page
-    for dag_id, task in sorted(set(BUTTONS.values())):
-        details = f"{services.url}/dags/{dag_id}/runs/{runs[dag_id]}/tasks/{task}/details"  # its extra links
-        page = chromium.load(details, profile, timeout=120, visit=buttons)
-        links |= {unquote(link).rsplit("/", 1)[1]: link for link in page.links if "/hpd/reports/" in link}
-    assert set(links) == set(BUTTONS), links
-    report = chromium.load(links["report.html"], profile, timeout=60, visit=visit)
+    with chromium.Browser(tmp_path / "profile") as browser:
+        for dag_id, task in sorted(set(BUTTONS.values())):
+            details = f"{services.url}/dags/{dag_id}/runs/{runs[dag_id]}/tasks/{task}/details"  # its extra links
+            page = browser.load(details, timeout=120, visit=buttons)
+            links |= {unquote(link).rsplit("/", 1)[1]: link for link in page.links if "/hpd/reports/" in link}
+        assert set(links) == set(BUTTONS), links
+        report = browser.load(links["report.html"], timeout=60, visit=visit)
+        card = browser.load(links["model_card.md"], timeout=60, visit=visit)
+        docs = browser.load(links["index.html"], timeout=60, visit=visit)
     assert not report.failed and report.title.startswith("Validation of ") and report.images >= 1
-    card = chromium.load(links["model_card.md"], profile, timeout=60, visit=visit)
     assert card.title.startswith("Model card: ") and "STS-B test" in card.text
-    docs = chromium.load(links["index.html"], profile, timeout=60, visit=visit)
     assert not docs.failed and docs.title == "Data Docs created by Great Expectations" and "sentences" in docs.text
     assert {httpx.get(link).status_code for link in links.values()} <= {401, 403}
 

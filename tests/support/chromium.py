@@ -113,31 +113,48 @@ class Visit:
 
 
 def load(url: str, profile: Path, timeout: float = 60, visit: Visit | None = None) -> PageLoad:
-    """Open ``url`` in headless Chromium (user data in ``profile``), as ``visit`` says (default: the network off),
-    and record its loads."""
-    to_chrome, from_chrome = os.pipe(), os.pipe()
+    """Open ``url`` in a headless Chromium of its own (user data in ``profile``), as ``visit`` says (default: the
+    network off), and record its loads."""
+    with Browser(profile) as browser:
+        return browser.load(url, timeout, visit)
 
-    def wire() -> None:  # the child's fd 3 reads our commands, its fd 4 writes the replies
-        commands, replies = (fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_chrome[0], from_chrome[1]))
-        os.dup2(commands, 3)
-        os.dup2(replies, 4)
 
-    process = subprocess.Popen(
-        ["chromium", *FLAGS, f"--user-data-dir={profile}", "about:blank"],
-        pass_fds=(3, 4),  # kept open past the close of the others, which follows preexec_fn
-        preexec_fn=wire,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    os.close(to_chrome[0])
-    os.close(from_chrome[1])
-    try:
-        return _record(_Pipe(to_chrome[1], from_chrome[0]), url, timeout, visit or Visit())
-    finally:
-        process.kill()
-        process.wait(timeout=30)
-        os.close(to_chrome[1])
-        os.close(from_chrome[0])
+class Browser:
+    """One headless Chromium (user data in ``profile``) for several pages, each opened in a fresh tab; ended by
+    its PID when the ``with`` block ends."""
+
+    def __init__(self, profile: Path) -> None:
+        self.profile = profile
+
+    def __enter__(self) -> Browser:
+        to_chrome, from_chrome = os.pipe(), os.pipe()
+
+        def wire() -> None:  # the child's fd 3 reads our commands, its fd 4 writes the replies
+            commands, replies = (fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_chrome[0], from_chrome[1]))
+            os.dup2(commands, 3)
+            os.dup2(replies, 4)
+
+        self.process = subprocess.Popen(
+            ["chromium", *FLAGS, f"--user-data-dir={self.profile}", "about:blank"],
+            pass_fds=(3, 4),  # kept open past the close of the others, which follows preexec_fn
+            preexec_fn=wire,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        os.close(to_chrome[0])
+        os.close(from_chrome[1])
+        self.pipe = _Pipe(to_chrome[1], from_chrome[0])
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.kill()
+        self.process.wait(timeout=30)
+        os.close(self.pipe.out_fd)
+        os.close(self.pipe.in_fd)
+
+    def load(self, url: str, timeout: float = 60, visit: Visit | None = None) -> PageLoad:
+        """Open ``url`` in a new tab, as ``visit`` says (default: the network off), and record its loads."""
+        return _record(self.pipe, url, timeout, visit or Visit())
 
 
 def _record(pipe: _Pipe, url: str, timeout: float, visit: Visit) -> PageLoad:
@@ -170,6 +187,7 @@ def _record(pipe: _Pipe, url: str, timeout: float, visit: Visit) -> PageLoad:
     page.text, page.links, page.title, page.images = rendered["value"]
     if visit.screenshot is not None:
         visit.screenshot.write_bytes(base64.b64decode(pipe.call("Page.captureScreenshot", session)["data"]))
+    pipe.call("Target.closeTarget", targetId=target)
     return page
 
 
