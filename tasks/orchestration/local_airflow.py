@@ -9,6 +9,7 @@ by its PID). The live-service tests start the same services through :class:`Loca
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -211,7 +212,8 @@ def _call_once(url: str, method: str, body: dict | None, token: str) -> dict:
 
 def stop_groups(processes: list[subprocess.Popen], sig: int = signal.SIGTERM, timeout: float = 20) -> None:
     """Signal every process's group at once (each was started in a session of its own); SIGKILL each group still
-    running ``timeout`` s later."""
+    running ``timeout`` s later, and what is left of a group once its leader has ended (a worker the leader forked
+    that ignores ``sig``, such as an idle LocalExecutor worker)."""
     running = [process for process in processes if process.poll() is None]
     for process in running:
         os.killpg(process.pid, sig)
@@ -222,6 +224,8 @@ def stop_groups(processes: list[subprocess.Popen], sig: int = signal.SIGTERM, ti
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+        with contextlib.suppress(ProcessLookupError):  # no process is left in the group
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def _tail(path: Path, lines: int = 40) -> str:
