@@ -91,7 +91,9 @@ def _answer(connection: socket.socket) -> None:
     received, fds, _, _ = socket.recv_fds(connection, _REQUEST_LIMIT, 3)
     size, _, payload = received.partition(b"\n")
     while len(payload) < int(size):
-        payload += connection.recv(_REQUEST_LIMIT)
+        if not (chunk := connection.recv(_REQUEST_LIMIT)):  # the caller ended before its request did
+            os._exit(0)
+        payload += chunk
     request = json.loads(payload)
     command = os.fork()
     if command == 0:
