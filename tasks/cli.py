@@ -31,6 +31,7 @@ from pydantic.fields import FieldInfo
 
 from tasks.core import config, tables, uris
 from tasks.core.catalog import RUN_NAME_PATTERN, Stage
+from tasks.core.process_exit import end_without_final_collection
 from tasks.core.settings import SettingsError
 from tasks.core.uris import StorageError, store_root, to_uri
 from tasks.ml.hits import Hit
@@ -560,6 +561,9 @@ COMMANDS = {
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command ``argv`` names (default: this process's arguments, when it ends with the command)."""
+    if argv is None:
+        end_without_final_collection()
     parser = build_parser()
     if argv is None and "_ARGCOMPLETE" in os.environ:  # a shell's completion request: answer it and exit
         import argcomplete

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tasks.core import storage
+from tasks.core.process_exit import end_without_final_collection
 from tests.support import warm_cli
 from tests.support.servers import s3_settings
 
@@ -30,9 +31,11 @@ _ISOLATED_ENV = (
 
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist, each worker and the processes it starts run OpenMP (torch, FAISS) on one thread: two
-    workers share the two cores, and threads spinning for a core the other worker holds waste it."""
+    workers share the two cores, and threads spinning for a core the other worker holds waste it. A test process
+    ends, as ``hpd`` does, without collecting the garbage of the whole session (tasks/core/process_exit.py)."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
+    end_without_final_collection()
 
 
 # The longest modules, in the order pytest-xdist hands them out first (``--dist loadfile``): the live Airflow

@@ -12,6 +12,8 @@ import json
 import sys
 from typing import NamedTuple
 
+from tasks.core.process_exit import end_without_final_collection
+
 STEP = "hpd-airflow-step "
 
 
@@ -48,4 +50,5 @@ def run(commands: dict[str, list[str]]) -> None:
 
 
 if __name__ == "__main__":
+    end_without_final_collection()
     run(json.loads(sys.argv[1]))
