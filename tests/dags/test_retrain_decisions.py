@@ -1,6 +1,8 @@
 """``hpd_retrain`` decides through Airflow whether to train: a run with nothing worth training ends green with every
 training task skipped, and a forced, a volume-triggered and a drift-flagged run each go on to train, their reason
-in the ``plan`` task's log. The training tasks themselves run in tests/dags/test_dag_runs.py."""
+in the ``plan`` task's log. The ``airflow`` executable runs the whole DAG and the drift-flagged plan; the forced
+and volume-triggered plans run in one process as ``hpd demo`` runs its commands. The training tasks themselves
+run in tests/dags/test_dag_runs.py."""
 
 import json
 import subprocess
@@ -13,6 +15,7 @@ from tasks import demo
 from tasks.core import config, manifest
 from tasks.core.catalog import Stage
 from tasks.stages import drift
+from tests.support import airflow_commands
 from tests.support.policy_store import NEW, promoted_store, stage_new_partition
 
 pytestmark = [pytest.mark.models, pytest.mark.dags]
@@ -22,29 +25,40 @@ TRAINING_TASKS = ("fit_pca", "training_partitions", "check_quality", "distill", 
 
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
-    """A promoted model, a new partition of 12 rows (15% of its 80 training rows), and a migrated Airflow home."""
+    """A promoted model, a new partition of 12 rows (15% of its 80 training rows), a migrated Airflow home, and the
+    ``plan`` task's log line of a forced and of a volume-triggered run (the three commands in one Airflow process)."""
     root = tmp_path_factory.mktemp("decisions")
     prepared = promoted_store(root)
     stage_new_partition(prepared, rows=12)
     plan = demo.DemoPlan(store=prepared["store"], airflow_home=root / "airflow", day=NEW)
     env = plan.airflow_env()
     (root / "airflow").mkdir()
-    _airflow(["db", "migrate"], env)
-    return {**prepared, "env": env}
+    commands = {
+        "migrate": ["db", "migrate"],
+        "forced": _plan_command(prepared, "2026-11-11", force=True),
+        "volume": _plan_command(prepared, "2026-11-12", retrain_fraction=0.1),
+    }
+    outputs = airflow_commands.run(commands, env)
+    return {**prepared, "env": env, "plans": {name: _plan_line(outputs[name]) for name in ("forced", "volume")}}
 
 
 def _airflow(args: list[str], env: dict[str, str]) -> str:
+    """The output of the ``airflow`` executable run with ``args``; asserts that it succeeded."""
     command = [str(Path(sys.executable).parent / "airflow"), *args]
     done = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-4000:]
     return done.stdout
 
 
-def _plan(prepared: dict, day: str, **params) -> str:
-    """The ``plan`` task of a new ``hpd_retrain`` run for ``day`` with ``params``: its log line."""
+def _plan_command(prepared: dict, day: str, **params) -> list[str]:
+    """``airflow tasks test`` of the ``plan`` task of a new ``hpd_retrain`` run for ``day`` with ``params``."""
     conf = {"store": prepared["store"], "teacher": prepared["teacher"], **params}
-    out = _airflow(["tasks", "test", "hpd_retrain", "plan", day, "-t", json.dumps(conf)], prepared["env"])
-    (line,) = [line for line in out.splitlines() if "retraining" in line and "tasks.orchestration.runtime" in line]
+    return ["tasks", "test", "hpd_retrain", "plan", day, "-t", json.dumps(conf)]
+
+
+def _plan_line(output: str) -> str:
+    """The ``plan`` task's decision in a ``tasks test`` output."""
+    (line,) = [line for line in output.splitlines() if "retraining" in line and "tasks.orchestration.runtime" in line]
     return line
 
 
@@ -58,8 +72,9 @@ def test_a_run_not_worth_training_ends_green_training_nothing(prepared):
 
 
 def test_forced_volume_and_drift_runs_train_and_say_why(prepared):
-    assert "retraining (forced): forced by the run's params (force=True" in _plan(prepared, "2026-11-11", force=True)
-    volume = _plan(prepared, "2026-11-12", retrain_fraction=0.1)
+    assert "retraining (forced): forced by the run's params (force=True" in prepared["plans"]["forced"]
+    volume = prepared["plans"]["volume"]
     assert "retraining (volume): 12 new rows" in volume and "at least retrain_fraction 10.0%" in volume
     drift.run(config.parse(drift.DriftParams, {"store": prepared["store"], "ingest_date": NEW, "threshold": 1e-6}))
-    assert f"retraining (drift): drift flagged on {NEW.isoformat()}" in _plan(prepared, "2026-11-13")
+    drifted = _plan_line(_airflow(_plan_command(prepared, "2026-11-13"), prepared["env"]))
+    assert f"retraining (drift): drift flagged on {NEW.isoformat()}" in drifted
