@@ -12,6 +12,7 @@ versions. Tuning: ``HPD_S3_MAX_ATTEMPTS`` (total attempts per request, default 8
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import random
@@ -21,6 +22,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 
 import boto3
+import botocore.session
 import tenacity
 from botocore.config import Config
 from botocore.exceptions import (
@@ -89,8 +91,22 @@ def s3_client() -> Any:
 
                 _clients[settings] = S3Hook(aws_conn_id=conn_id, config=config).get_conn()
             else:
-                _clients[settings] = boto3.session.Session().client("s3", config=config)
+                _clients[settings] = _session().client("s3", config=config)
         return _clients[settings]
+
+
+@functools.cache
+def _data_loader() -> Any:
+    """botocore's loader of its data files (the S3 service model, endpoints, partitions), for every session of this
+    process: a session's own would parse them again (tens of milliseconds of JSON per client)."""
+    return botocore.session.get_session().get_component("data_loader")
+
+
+def _session() -> boto3.session.Session:
+    """A new session (credentials and settings as the environment has them now) sharing :func:`_data_loader`."""
+    core = botocore.session.get_session()
+    core.register_component("data_loader", _data_loader())
+    return boto3.session.Session(botocore_session=core)
 
 
 def reset_s3_clients() -> None:
