@@ -4,6 +4,7 @@ order and its split over pytest-xdist workers (docs/contributing.md)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import uuid
@@ -55,6 +56,13 @@ LONGEST_FIRST = (
     "tests/dags/test_task_failures.py",
     "tests/stages/test_distill.py",
 )
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported (torch, transformers, Airflow, the pipeline) lives as long as the process: frozen out
+    of the garbage collector's full collections, which the tests' own run often (transformers' Trainer at each
+    training, the benchmarks before each timed run) and which would otherwise traverse all of it each time."""
+    gc.freeze()
 
 
 def _module_path(nodeid: str) -> str:

@@ -45,7 +45,9 @@ _LEFT_OUT = ("manifests/gc/",)  # gc's own records: the sweep that makes states 
 _PAGE = "a page"  # a rendered page (a report, Data Docs) shows its run's times: compared by name, not content
 _CONFLICT = 17  # the exit code of a child whose run lost to another one's (see :func:`at_once`)
 _SERVER = multiprocessing.get_context("forkserver")
-_SERVER.set_forkserver_preload([f"tasks.stages.{stage}" for stage in registry.STAGES] + [__name__])
+_SERVER.set_forkserver_preload(
+    ["tests.support.forked_warmup", *(f"tasks.stages.{stage}" for stage in registry.STAGES), __name__]
+)
 
 
 @dataclass(frozen=True)

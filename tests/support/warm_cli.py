@@ -2,8 +2,8 @@
 (``PRELOADED``), and a small ``hpd`` executable asks it, over a Unix socket, to fork a process that runs
 ``tasks.cli.main`` with the caller's arguments, environment, working directory and standard streams (passed as file
 descriptors); the caller exits with the command's exit status. What a command does and prints is the console
-script's; only the seconds of imports (torch, transformers and the like) are paid once. Airflow is not preloaded:
-its configuration is read at import.
+script's; only the seconds of imports (torch, transformers and the like) are paid once
+(:mod:`tests.support.forked_warmup`).
 
 A command dies with its caller: when the executable ends first (killed, or by a signal), the command is killed. The
 zygote never runs a torch operation or starts a thread, so forking it is safe; it starts with the test process's
@@ -13,6 +13,7 @@ modules read no environment at import."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import select
@@ -23,11 +24,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from tasks.orchestration.task_libraries import TASK_LIBRARIES
 from tests.support.paths import REPO
 from tests.support.servers import stop_group
 
-PRELOADED = (*(name for name in TASK_LIBRARIES if not name.startswith("airflow")), "tasks.cli")
+PRELOADED = ("tests.support.forked_warmup", "tasks.cli")
 _REQUEST_LIMIT = 1 << 20  # bytes: argv, environment and working directory, as JSON
 
 # The executable a script calls as `hpd`: sends fds 0-2 and its argv, environment and working directory (as JSON, led
@@ -71,6 +71,7 @@ def serve(address: str) -> None:
 
     for name in PRELOADED:
         importlib.import_module(name)
+    gc.freeze()  # what the imports made lives as long as the zygote: the commands' collections skip it
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the commands' parents are reaped without a wait
     with socket.socket(socket.AF_UNIX) as listener:
         listener.bind(address)
