@@ -59,9 +59,12 @@ LONGEST_FIRST = (
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """What collection imported (torch, transformers, Airflow, the pipeline) lives as long as the process: frozen out
-    of the garbage collector's full collections, which the tests' own run often (transformers' Trainer at each
-    training, the benchmarks before each timed run) and which would otherwise traverse all of it each time."""
+    """The libraries the tests load (torch, transformers, great-expectations, FAISS, botocore's data files: not
+    Airflow, which reads its configuration at import) are imported now, and with what collection imported they are
+    frozen out of the garbage collector's full collections: those live as long as the process, and the tests run
+    many full collections (transformers' Trainer at each training, the benchmarks before each timed run)."""
+    import tests.support.forked_warmup  # noqa: F401 - imported for what it loads
+
     gc.freeze()
 
 
