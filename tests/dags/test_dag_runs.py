@@ -63,12 +63,11 @@ def test_demo_chain_runs_every_dag_reports_lineage_and_reruns_idempotently(input
         },
     )
     chain = ["hpd_ingest", "hpd_retrain", "hpd_index", "hpd_quality_report"]
-    echoed: list[str] = []
-    rerun = _Rerun(store_root, echoed)
+    rerun = _Rerun(store_root)
     walls = plan.run_chain(echo=rerun.echo)
     again = [f"{AGAIN}{dag_id}" for dag_id in chain] if on_file else []
     assert list(walls) == ["airflow db migrate", *chain, *again]
-    assert [line for line in echoed if line.endswith(" ...")] == [
+    assert [line for line in rerun.echoed if line.endswith(" ...")] == [
         "airflow db migrate ...",
         *(f"airflow dags test {dag_id} {DAY} ..." for dag_id in chain * (2 if on_file else 1)),
     ]
@@ -118,8 +117,9 @@ class _Rerun:
     each manifest's bytes and file identity (inode, modification time): what a rerun must leave as it is. A rerun's
     first write could only follow its ingest's first tasks, seconds after that line."""
 
-    def __init__(self, store: str, echoed: list[str]) -> None:
-        self.store, self.echoed = store, echoed
+    def __init__(self, store: str) -> None:
+        self.store = store
+        self.echoed: list[str] = []
         self.before: dict[str, tuple[bytes, int, int]] = {}
 
     def echo(self, line: str, **_: object) -> None:
