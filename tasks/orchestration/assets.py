@@ -9,6 +9,10 @@
   ``CORPUS_UPDATED`` also does (the index takes a new partition with the promoted student).
 
 Every event's extra names the store it is about, so a consumer works on the producer's store, not its own default.
+
+The URIs use an ``x-`` scheme, Airflow's convention for a scheme of one's own: Airflow leaves such a URI as it is
+written, where any other scheme is looked up among every installed provider's URI normalisers (which imports those
+providers, the AWS SDK among them, in each process that parses a DAG file).
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from typing import Any
 
 from airflow.sdk import Asset
 
-CORPUS_PARTITION = Asset(name="hpd_corpus_partition", uri="hpd://sentences/partitions")
-CORPUS_UPDATED = Asset(name="hpd_corpus_updated", uri="hpd://sentences/updated")
-PROMOTED_MODEL = Asset(name="hpd_promoted_model", uri="hpd://models/current")
+CORPUS_PARTITION = Asset(name="hpd_corpus_partition", uri="x-hpd://sentences/partitions")
+CORPUS_UPDATED = Asset(name="hpd_corpus_updated", uri="x-hpd://sentences/updated")
+PROMOTED_MODEL = Asset(name="hpd_promoted_model", uri="x-hpd://models/current")
 
 
 def triggering_extra(context: dict, name: str, asset: Asset | None = None) -> Any:

@@ -166,10 +166,13 @@ def report_url(uri: str) -> str:
 
 
 def gpu_executor_config() -> dict:
-    """The distillation task's ``executor_config``. Under the KubernetesExecutor its pod asks for
+    """The distillation task's ``executor_config``. Where the KubernetesExecutor runs distill, its pod asks for
     ``$HPD_GPU_COUNT`` (default 1) ``nvidia.com/gpu`` with 8 CPUs and 32-64 GiB, tolerates GPU node taints,
     and starts from the pod template ``$HPD_GPU_POD_TEMPLATE`` (image, node selector) when the deployment
-    mounts one (infra/helm). Other executors ignore it."""
+    mounts one (infra/helm). Other executors ignore a pod, so none is built for them: the Kubernetes client it
+    needs costs half a second of imports wherever the DAG file is parsed (each task process included)."""
+    if not distill_runs_on_kubernetes():
+        return {}
     from kubernetes.client import models as k8s
 
     hpd = settings.current()
@@ -186,6 +189,21 @@ def gpu_executor_config() -> dict:
     )
     template = hpd.gpu_pod_template
     return {"pod_override": pod, **({"pod_template_file": template} if template else {})}
+
+
+def distill_runs_on_kubernetes() -> bool:
+    """Whether the executor that runs distill (``HPD_DISTILL_EXECUTOR``, else the first of ``[core] executor``,
+    Airflow's default) is the KubernetesExecutor, named by its alias, class name or module path."""
+    from airflow.executors.executor_loader import ExecutorLoader
+
+    configured = ExecutorLoader.get_executor_names(validate_teams=False)
+    chosen = [n for n in configured if DISTILL_EXECUTOR in (n.alias, n.module_path, _class_name(n.module_path))]
+    runner = chosen[0] if DISTILL_EXECUTOR and chosen else configured[0]
+    return _class_name(runner.module_path) == "KubernetesExecutor"
+
+
+def _class_name(module_path: str | None) -> str:
+    return (module_path or "").rsplit(".", 1)[-1]
 
 
 def gate_param(name: str) -> Any:
