@@ -133,14 +133,22 @@ def s3_endpoint() -> Iterator[str]:
     if external:
         yield external.rstrip("/")
         return
-    from moto.server import ThreadedMotoServer
+    from moto.moto_server.werkzeug_app import MotoRequestHandler, create_backend_app
+    from werkzeug.serving import make_server
+
+    class QuietHandler(MotoRequestHandler):
+        def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+            """No access-log line per request (errors are still logged)."""
 
     _serialise_moto_writes()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    # moto's S3 app itself, as moto's ThreadedMotoServer serves it, without the dispatcher that finds the service
+    # of each request again (it lists moto's package folder per request): every request here is one to S3.
+    server = make_server("127.0.0.1", 0, create_backend_app("s3"), threaded=True, request_handler=QuietHandler)
+    thread = threading.Thread(target=server.serve_forever, name="moto-s3", daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    thread.join()
 
 
 @pytest.fixture(scope="session")

@@ -187,3 +187,21 @@ def test_one_process_trains_on_one_gpu_however_many_the_host_has(tmp_path, monke
     ours = DistillSTArguments(output_dir=str(tmp_path / "ours"), per_device_train_batch_size=8)
     assert (plain.n_gpu, plain.train_batch_size) == (4, 32)  # what the stage must not get
     assert (ours.n_gpu, ours.train_batch_size) == (1, 8)
+
+
+def test_an_evaluation_encodes_as_sentence_transformers_does_and_tokenises_a_list_once(tiny, monkeypatch):
+    """The evaluator's embeddings are ``model.encode``'s; the second evaluation of the same sentences reuses
+    their tokenised batches."""
+    from sentence_transformers import SentenceTransformer
+
+    from tasks.ml import encoder
+    from tasks.stages.distill import evaluation
+
+    model = SentenceTransformer(tiny, device="cpu")
+    texts = [" ".join(["an evaluated sentence", str(i)] * (1 + i % 4)) for i in range(300)]  # several batches
+    tokenised, tokenise = [], encoder._length_batches
+    monkeypatch.setattr(encoder, "_length_batches", lambda *args: tokenised.append(args) or tokenise(*args))
+    first = evaluation.encode(model, texts)
+    np.testing.assert_allclose(first, model.encode(texts), atol=1e-5)
+    np.testing.assert_array_equal(evaluation.encode(model, texts), first)
+    assert len(tokenised) == 1

@@ -1,15 +1,19 @@
 """How a distillation run is scored: the student's validation MSE and mean cosine against the held-out targets
 (and the STS-B dev score when the run selects on it), as a sentence-transformers evaluator that the trainer
-runs on its schedule (:class:`FidelityEvaluator`), and the record of one evaluation (:class:`Evaluation`)."""
+runs on its schedule (:class:`FidelityEvaluator`), and the record of one evaluation (:class:`Evaluation`). The
+sentences scored are the same at every evaluation, so their tokenised batches are kept from the first
+(:func:`tasks.ml.encoder.length_batches`) and each evaluation runs only the model."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
 from typing import Any
 
+import numpy as np
+import torch
 from sentence_transformers.sentence_transformer.evaluation import SentenceEvaluator
 
-from tasks.ml import metrics, sts
+from tasks.ml import encoder, metrics, sts
 from tasks.stages.distill.data import TrainingData
 
 ENCODE_BATCH = 128
@@ -75,10 +79,20 @@ class FidelityEvaluator(SentenceEvaluator):
     def evaluate(self, model: Any, step: int) -> Evaluation:
         """``model``'s scores (a ``SentenceTransformer``; left in training mode) as of ``step``."""
         model.eval()
-        predicted = model.encode(self.data.val_texts, batch_size=ENCODE_BATCH)
-        sts_dev = (
-            round(sts.dev_score(lambda t: model.encode(t, batch_size=ENCODE_BATCH)), 3) if self.with_sts_dev else None
-        )
+        predicted = encode(model, self.data.val_texts)
+        sts_dev = round(sts.dev_score(lambda t: encode(model, t)), 3) if self.with_sts_dev else None
         model.train()
         measured = metrics.fidelity(predicted, self.data.val_targets)
         return Evaluation(step, measured.mse, measured.mean_cosine, sts_dev)
+
+
+def encode(model: Any, texts: list[str]) -> np.ndarray:
+    """What ``model.encode(texts)`` returns (a ``SentenceTransformer``; float32, input order), from batches of
+    similar length whose tokenisation is kept for the next call on the same sentences."""
+    out = np.empty((len(texts), model.get_sentence_embedding_dimension()), dtype=np.float32)
+    batches = encoder.length_batches(model.tokenizer, texts, model.max_seq_length, ENCODE_BATCH, "pt")
+    with torch.inference_mode():
+        for positions, padded in batches:
+            features = {name: padded[name].to(model.device) for name in ("input_ids", "attention_mask")}
+            out[positions] = model(features)["sentence_embedding"].float().cpu().numpy()
+    return out
