@@ -89,7 +89,7 @@ class FidelityEvaluator(SentenceEvaluator):
 def encode(model: Any, texts: list[str]) -> np.ndarray:
     """What ``model.encode(texts)`` returns (a ``SentenceTransformer``; float32, input order), from batches of
     similar length whose tokenisation is kept for the next call on the same sentences."""
-    out = np.empty((len(texts), model.get_sentence_embedding_dimension()), dtype=np.float32)
+    out = np.empty((len(texts), model.get_embedding_dimension()), dtype=np.float32)
     batches = encoder.length_batches(model.tokenizer, texts, model.max_seq_length, ENCODE_BATCH, "pt")
     with torch.inference_mode():
         for positions, padded in batches:
