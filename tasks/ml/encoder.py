@@ -311,7 +311,7 @@ class SentenceEncoder(torch.nn.Module):
         (e.g. :meth:`tasks.core.progress.Progress.update`)."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         with torch.inference_mode():
-            for positions, batch in self._batches(texts, batch_size):
+            for positions, batch in device_batches(self.tokenizer, texts, self.max_seq_length, batch_size, self.device):
                 out[positions] = self.forward(batch, dtype).cpu().numpy()
                 if on_rows is not None:
                     on_rows(len(positions))
@@ -337,15 +337,20 @@ class SentenceEncoder(torch.nn.Module):
         )
         return {k: v.to(self.device) for k, v in batch.items() if k in ("input_ids", "attention_mask")}
 
-    def _batches(self, texts: list[str], batch_size: int) -> Iterator[tuple[np.ndarray, dict]]:
-        for positions, padded in length_batches(self.tokenizer, texts, self.max_seq_length, batch_size, "pt"):
-            yield positions, {name: padded[name].to(self.device) for name in ("input_ids", "attention_mask")}
-
 
 # Lists of at most this many sentences keep their batches for the next encoder of the same tokenizer (up to
 # KEPT_LISTS lists): a validation scores each STS pair set with the student, its baseline and the teacher's members.
 KEPT_TEXTS, KEPT_LISTS = 20_000, 8
 _kept_batches: dict[tuple[Any, ...], list[tuple[np.ndarray, Any]]] = {}
+
+
+def device_batches(
+    tokenizer: Any, texts: list[str], max_length: int, batch_size: int, device: torch.device
+) -> Iterator[tuple[np.ndarray, dict[str, torch.Tensor]]]:
+    """:func:`length_batches` of ``texts`` as a model's input on ``device``: each batch's positions in ``texts``
+    and its ``input_ids`` and ``attention_mask`` tensors."""
+    for positions, padded in length_batches(tokenizer, texts, max_length, batch_size, "pt"):
+        yield positions, {name: padded[name].to(device) for name in ("input_ids", "attention_mask")}
 
 
 def length_batches(

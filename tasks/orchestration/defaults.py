@@ -192,18 +192,21 @@ def gpu_executor_config() -> dict:
 
 
 def distill_runs_on_kubernetes() -> bool:
-    """Whether the executor that runs distill (``HPD_DISTILL_EXECUTOR``, else the first of ``[core] executor``,
-    Airflow's default) is the KubernetesExecutor, named by its alias, class name or module path."""
+    """Whether the executor that runs distill (``HPD_DISTILL_EXECUTOR``, found as Airflow finds a task's executor:
+    by alias, module path or class name; else the default, the first of ``[core] executor``) is the
+    KubernetesExecutor. An executor the deployment lacks is left to the task's own check, which fails the import."""
+    from airflow.exceptions import UnknownExecutorException
     from airflow.executors.executor_loader import ExecutorLoader
 
-    configured = ExecutorLoader.get_executor_names(validate_teams=False)
-    chosen = [n for n in configured if DISTILL_EXECUTOR in (n.alias, n.module_path, _class_name(n.module_path))]
-    runner = chosen[0] if DISTILL_EXECUTOR and chosen else configured[0]
-    return _class_name(runner.module_path) == "KubernetesExecutor"
-
-
-def _class_name(module_path: str | None) -> str:
-    return (module_path or "").rsplit(".", 1)[-1]
+    try:
+        runner = (
+            ExecutorLoader.lookup_executor_name_by_str(DISTILL_EXECUTOR, validate_teams=False)
+            if DISTILL_EXECUTOR
+            else ExecutorLoader.get_default_executor_name()
+        )
+    except UnknownExecutorException:
+        return False
+    return (runner.module_path or "").rsplit(".", 1)[-1] == "KubernetesExecutor"
 
 
 def gate_param(name: str) -> Any:

@@ -137,7 +137,9 @@ def test_distill_task_pod_asks_for_a_gpu(dagbag, monkeypatch):
     assert dagbag.dags["hpd_retrain"].get_task("distill").executor_config == {}  # parsed under the LocalExecutor
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "KubernetesExecutor")
     monkeypatch.setattr(executor_loader, "_executor_names", [])  # Airflow reads the executors once per process
-    monkeypatch.setattr(executor_loader, "_alias_to_executors_per_team", defaultdict(dict))
+    monkeypatch.setattr(executor_loader, "_team_name_to_executors", defaultdict(list))
+    for lookup in ("_alias_to_executors_per_team", "_module_to_executors_per_team", "_classname_to_executors_per_team"):
+        monkeypatch.setattr(executor_loader, lookup, defaultdict(dict))
     on_kubernetes = DagBag(str(DAGS / "hpd_retrain.py")).dags["hpd_retrain"]
     serialized = DagSerialization.from_dict(DagSerialization.to_dict(on_kubernetes))
     override = PodGenerator.from_obj(serialized.get_task("distill").executor_config)

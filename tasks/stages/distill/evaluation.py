@@ -2,7 +2,7 @@
 (and the STS-B dev score when the run selects on it), as a sentence-transformers evaluator that the trainer
 runs on its schedule (:class:`FidelityEvaluator`), and the record of one evaluation (:class:`Evaluation`). The
 sentences scored are the same at every evaluation, so their tokenised batches are kept from the first
-(:func:`tasks.ml.encoder.length_batches`) and each evaluation runs only the model."""
+(:func:`tasks.ml.encoder.device_batches`) and each evaluation runs only the model."""
 
 from __future__ import annotations
 
@@ -90,9 +90,8 @@ def encode(model: Any, texts: list[str]) -> np.ndarray:
     """What ``model.encode(texts)`` returns (a ``SentenceTransformer``; float32, input order), from batches of
     similar length whose tokenisation is kept for the next call on the same sentences."""
     out = np.empty((len(texts), model.get_embedding_dimension()), dtype=np.float32)
-    batches = encoder.length_batches(model.tokenizer, texts, model.max_seq_length, ENCODE_BATCH, "pt")
+    batches = encoder.device_batches(model.tokenizer, texts, model.max_seq_length, ENCODE_BATCH, model.device)
     with torch.inference_mode():
-        for positions, padded in batches:
-            features = {name: padded[name].to(model.device) for name in ("input_ids", "attention_mask")}
+        for positions, features in batches:
             out[positions] = model(features)["sentence_embedding"].float().cpu().numpy()
     return out
