@@ -10,6 +10,8 @@ also carries the ``title`` and ``section`` Airflow's trigger form shows it under
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Any
 
 from pydantic import BaseModel
@@ -37,7 +39,7 @@ _KEPT = (
 def field_schema(model: type[BaseModel], name: str) -> dict[str, Any]:
     """The JSON schema of one field of ``model``, flattened for Airflow's form: ``X | None`` becomes
     ``X`` with ``null`` added to its type (and enum)."""
-    schema = dict(model.model_json_schema()["properties"][name])
+    schema = copy.deepcopy(_field_schemas(model)[name])
     options = schema.pop("anyOf", None)
     if options:
         (inner,) = [o for o in options if o.get("type") != "null"]
@@ -45,6 +47,13 @@ def field_schema(model: type[BaseModel], name: str) -> dict[str, Any]:
         if "enum" in schema:
             schema["enum"] = [*schema["enum"], None]
     return schema
+
+
+@functools.cache
+def _field_schemas(model: type[BaseModel]) -> dict[str, Any]:
+    """Each field's JSON schema, generated once per model (a DAG file takes many params from one model, and each task
+    parses its DAG file)."""
+    return dict(model.model_json_schema()["properties"])
 
 
 def stage_param(

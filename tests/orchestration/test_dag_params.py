@@ -219,3 +219,21 @@ def test_stage_param_description_states_the_stage_default_and_why():
     computed = stage_param(StageParams, "store", None, "empty: $HPD_STORE", **SHOWN)
     assert "(stage default computed when the stage runs): empty: $HPD_STORE" in computed.description
     assert computed.value is None and sorted(computed.schema["type"]) == ["null", "string"]
+
+
+def test_a_models_schema_is_generated_once_however_many_params_it_feeds(monkeypatch):
+    """Each task parses its DAG file, which takes many params from one model: its JSON schema is generated once, and
+    a field's schema changed by whoever asked for it is not changed for the next."""
+
+    class Counted(StageCorpusParams):
+        pass
+
+    generated = []
+    original = Counted.model_json_schema.__func__
+    monkeypatch.setattr(Counted, "model_json_schema", classmethod(lambda cls: generated.append(cls) or original(cls)))
+    first = stage_param(Counted, "shard_rows", **SHOWN)
+    assert stage_param(Counted, "shard_rows", **SHOWN).schema == first.schema
+    stage_param(Counted, "source", **SHOWN)
+    assert len(generated) == 1
+    field_schema(Counted, "shard_rows").clear()
+    assert field_schema(Counted, "shard_rows") == field_schema(StageCorpusParams, "shard_rows") != {}
