@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -33,7 +34,12 @@ _ISOLATED_ENV = (
 def pytest_configure(config: pytest.Config) -> None:
     """Under pytest-xdist, each worker and the processes it starts run OpenMP (torch, FAISS) on one thread: two
     workers share the two cores, and threads spinning for a core the other worker holds waste it. A test process
-    ends, as ``hpd`` does, without collecting the garbage of the whole session (tasks/core/process_exit.py)."""
+    ends, as ``hpd`` does, without collecting the garbage of the whole session (tasks/core/process_exit.py). The
+    workers and every process the tests start (Airflow's tasks import the project afresh, ``hpd`` commands, the
+    demo's Airflow) share the checkout's bytecode cache, whatever ``PYTHONDONTWRITEBYTECODE`` says: else each
+    compiles the modules it imports (the tests' collection alone: 3.5 CPU-s a worker)."""
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
     if os.environ.get("PYTEST_XDIST_WORKER"):
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     end_without_final_collection()
