@@ -22,7 +22,7 @@ from airflow.sdk import Param, dag, task
 
 from tasks.orchestration.arrival import WaitForSource
 from tasks.orchestration.assets import CORPUS_PARTITION, CORPUS_UPDATED
-from tasks.orchestration.dag_params import stage_param
+from tasks.orchestration.dag_params import DIALECT, stage_param
 from tasks.orchestration.defaults import (
     DATA,
     DEFAULT_ARGS,
@@ -59,6 +59,7 @@ AUGMENT, ENCODE = "Augmentation", "Teacher encoding"
             description="fail when no raw data arrives within this",
             title="Wait for the data (hours)",
             section=DATA,
+            **DIALECT,
         ),
         "column": stage_param(
             StageCorpusParams,
@@ -93,7 +94,13 @@ AUGMENT, ENCODE = "Augmentation", "Teacher encoding"
         ),
         "dtype": stage_param(EncodeTeacherParams, "dtype", title="Embedding dtype", section=ENCODE),
         "shard_groups": Param(
-            2, type="integer", minimum=1, description="mapped encode tasks", title="Encode tasks", section=ENCODE
+            2,
+            type="integer",
+            minimum=1,
+            description="mapped encode tasks",
+            title="Encode tasks",
+            section=ENCODE,
+            **DIALECT,
         ),
     },
 )

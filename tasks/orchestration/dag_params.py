@@ -17,6 +17,11 @@ from typing import Any
 from pydantic import BaseModel
 
 FIELD_KEY = "x-hpd-field"
+# The JSON Schema dialect every param declares: the keywords kept below are draft 7's, and Airflow checks a param's
+# schema against its dialect's metaschema whenever it resolves the param (at each DAG serialisation, trigger and
+# task start), which takes jsonschema a third as long for draft 7 as for the default 2020-12 (serialising the five
+# DAGs: 0.151 -> 0.062 CPU-s).
+DIALECT = {"$schema": "http://json-schema.org/draft-07/schema#"}
 _UNSET: Any = object()
 # JSON Schema keywords a Param carries over from the field's schema.
 _KEPT = (
@@ -84,7 +89,7 @@ def stage_param(
         description=description or None,
         title=title,
         section=section,
-        **{**kept, FIELD_KEY: f"{model.__name__}.{name}"},
+        **{**kept, FIELD_KEY: f"{model.__name__}.{name}", **DIALECT},
     )
 
 
