@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from airflow.dag_processing.dagbag import DagBag
 from airflow.sdk import Param
+from jsonschema.validators import Draft7Validator, validator_for
 from pydantic import BaseModel
 
 from tasks.core.config import StageParams
@@ -242,8 +243,6 @@ def test_a_models_schema_is_generated_once_however_many_params_it_feeds(monkeypa
 def test_every_dag_param_declares_draft_7(dagbag):
     """Airflow checks a param's schema against its dialect's metaschema at each resolution: every param declares
     draft 7 (checked in a third of the time of 2020-12, the default), and its schema is a valid draft 7 schema."""
-    from jsonschema.validators import Draft7Validator, validator_for
-
     for dag_id in sorted(dagbag.dag_ids):
         params = dagbag.dags[dag_id].params
         for name in params:
