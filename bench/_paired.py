@@ -1,8 +1,9 @@
 """Interleaved, paired timing for benchmarks on a shared machine.
 
 Each round runs every variant once (the order reversed every other round), so load from other work
-falls on all variants alike; a pair's ratio is reported both from the per-variant medians and as the
-median of the per-round ratios. The 1-minute load average is recorded at the start and the end.
+falls on all variants alike; the garbage collector is off during each timed run, as ``timeit`` has it, so that
+no variant pays for a collection of another's garbage. A pair's ratio is reported both from the per-variant
+medians and as the median of the per-round ratios. The 1-minute load average is recorded at the start and the end.
 """
 
 from __future__ import annotations
@@ -20,6 +21,17 @@ def load_average() -> float:
 Timers = dict[str, Callable[[], float]]  # variant -> one run of it, returning its timed seconds
 
 
+def _without_collections(run: Callable[[], float]) -> float:
+    """``run()`` with the garbage collector off (timeit's convention), back on as it was afterwards."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return run()
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 def interleaved(variants: Timers, rounds: int, warmup_rounds: int = 0) -> dict[str, list[float]]:
     """Seconds of each variant per round; each callable runs its variant once and returns its timed seconds.
     ``warmup_rounds`` untimed rounds run first (kernels set up per input shape are then ready for all)."""
@@ -27,8 +39,7 @@ def interleaved(variants: Timers, rounds: int, warmup_rounds: int = 0) -> dict[s
     names = list(variants)
     for r in range(-warmup_rounds, rounds):
         for name in names if r % 2 == 0 else names[::-1]:
-            gc.collect()
-            took = variants[name]()
+            took = _without_collections(variants[name])
             if r >= 0:
                 seconds[name].append(took)
             print(f"   {f'round {r + 1}/{rounds}' if r >= 0 else 'warm-up'} {name}: {took:.2f} s", flush=True)
