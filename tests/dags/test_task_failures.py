@@ -10,11 +10,11 @@ import socket
 import subprocess
 import sys
 from datetime import UTC, date, datetime, timedelta
-from pathlib import Path
 
 import pytest
 
 from tasks import demo
+from tasks.orchestration import airflow_cli
 from tests.support.paths import DAGS, REPO
 
 pytestmark = pytest.mark.dags
@@ -23,12 +23,13 @@ BAD_INPUT, UNREACHABLE = date(2026, 11, 3), date(2026, 11, 4)
 
 
 def run_ingest(runs: dict[str, dict]) -> dict[str, dict[str, list[tuple[int, str]]]]:
-    """Run ``hpd_ingest`` for each day with its conf (retry delay zero); each task's tries as (try number, state):
-    the earlier tries from the task instance history, then the last one."""
+    """Migrate the metadata database, then run ``hpd_ingest`` for each day with its conf (retry delay zero); each
+    task's tries as (try number, state): the earlier tries from the task instance history, then the last one."""
     from airflow.dag_processing.dagbag import DagBag
     from airflow.models.taskinstancehistory import TaskInstanceHistory
     from airflow.utils.session import create_session
 
+    airflow_cli.run({"airflow db migrate": ["db", "migrate"]})
     dag = DagBag(str(DAGS)).get_dag("hpd_ingest")
     for task in dag.tasks:
         task.retry_delay, task.retry_exponential_backoff = timedelta(0), False
@@ -62,8 +63,6 @@ def tries(tmp_path_factory) -> dict[date, dict[str, list[tuple[int, str]]]]:
         "AWS_ACCESS_KEY_ID": "test",
         "AWS_SECRET_ACCESS_KEY": "test",
     }
-    airflow = Path(sys.executable).parent / "airflow"
-    subprocess.run([str(airflow), "db", "migrate"], env=env, check=True, capture_output=True, timeout=300)
     runs = {
         BAD_INPUT.isoformat(): {"source": str(root / "no_sentence_column.tsv")},
         UNREACHABLE.isoformat(): {"source": str(root / "raw.tsv"), "store": "s3://hpd-unreachable/store"},
