@@ -111,11 +111,18 @@ class LocalAirflow:
         self.wait_healthy()
         self.create_encode_pool()
 
+    def service_args(self) -> dict[str, list[str]]:
+        """Each service's ``airflow`` arguments, by name (``SERVICES``), in the order they start."""
+        return {
+            "api-server": ["api-server", "-H", "127.0.0.1", "-p", str(self.port)],
+            "scheduler": ["scheduler", "--skip-serve-logs"],
+            "dag-processor": ["dag-processor"],
+            "triggerer": ["triggerer", "--skip-serve-logs"],  # for deferred tasks (hpd_ingest's sensor)
+        }
+
     def start_services(self) -> None:
-        self.start_one("api-server", ["api-server", "-H", "127.0.0.1", "-p", str(self.port)])
-        self.start_one("scheduler", ["scheduler", "--skip-serve-logs"])
-        self.start_one("dag-processor", ["dag-processor"])
-        self.start_one("triggerer", ["triggerer", "--skip-serve-logs"])  # for deferred tasks (hpd_ingest's sensor)
+        for name, args in self.service_args().items():
+            self.start_one(name, args)
 
     def start_one(self, name: str, args: list[str], env: dict | None = None) -> None:
         """Start ``airflow ARGS`` in a session of its own, its output in ``<home>/<name>.log``."""

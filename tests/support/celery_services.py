@@ -102,7 +102,7 @@ class ProcessTree(threading.Thread):
 
 
 class CeleryAirflowServices(AirflowServices):
-    """The Airflow services (api-server, scheduler, dag-processor, triggerer) with the CeleryExecutor, Redis
+    """The Airflow services (api-server, scheduler, dag-processor; no triggerer) with the CeleryExecutor, Redis
     started here, and one Celery worker per entry of ``workers`` (Celery hostname -> comma-separated queues), each
     with concurrency 1. ``extra_env`` overrides the configuration (e.g. several executors)."""
 
@@ -127,6 +127,10 @@ class CeleryAirflowServices(AirflowServices):
         self.redis.start()
         super().start()
         self.wait_for_workers()
+
+    def service_args(self) -> dict[str, list[str]]:
+        """The services but the triggerer: the chain's raw files are there when its runs start, so no sensor defers."""
+        return {name: args for name, args in super().service_args().items() if name != "triggerer"}
 
     def start_services(self) -> None:
         super().start_services()
