@@ -90,6 +90,19 @@ def spearman_x100(predicted: np.ndarray, gold: np.ndarray) -> float:
     return float(spearmanr(predicted, gold).statistic * 100)
 
 
+def remembering(encode: Encode) -> Encode:
+    """``encode`` that encodes each distinct text once, however often it is asked for (a model's vectors of the
+    pair sets it is scored on, then plotted and ranked)."""
+    vectors: dict[str, np.ndarray] = {}
+
+    def encode_once(texts: list[str]) -> np.ndarray:
+        if missing := list(dict.fromkeys(t for t in texts if t not in vectors)):
+            vectors.update(zip(missing, encode(missing), strict=True))
+        return np.stack([vectors[t] for t in texts]) if texts else encode(texts)
+
+    return encode_once
+
+
 def score(encode: Encode, pairs: PairSet) -> float:
     """Spearman x100 of cosine similarity against the gold scores; each distinct sentence encoded once."""
     unique = sorted(set(pairs.first) | set(pairs.second))

@@ -51,3 +51,19 @@ def test_score_encodes_each_sentence_once():
 
     assert sts.score(encode, pairs) == pytest.approx(100.0)
     assert calls == [["a", "b", "c"]]
+
+
+def test_a_remembering_encoder_encodes_each_text_once_across_calls():
+    asked: list[list[str]] = []
+
+    def encode(texts: list[str]) -> np.ndarray:
+        asked.append(list(texts))
+        return np.array([[len(t), t.count("a")] for t in texts], dtype=np.float32).reshape(len(texts), 2)
+
+    remembering = sts.remembering(encode)
+    first = remembering(["a cat", "a dog", "a cat"])
+    second = remembering(["a dog", "banana", "a cat"])
+    assert asked == [["a cat", "a dog"], ["banana"]]  # each distinct text once, in its first order
+    np.testing.assert_array_equal(first, encode(["a cat", "a dog", "a cat"]))
+    np.testing.assert_array_equal(second, encode(["a dog", "banana", "a cat"]))
+    assert remembering([]).shape == (0, 2)

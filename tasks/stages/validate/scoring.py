@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -111,14 +111,15 @@ def measure(
     corpus = corpus_sample(params.store, trained.teacher, params.retrieval_sample)
     with tempfile.TemporaryDirectory() as scratch:
         model = SentenceEncoder.load(str(student.fetch_published(distilled, Path(scratch))))
-        encoders, explained = _encoders(params, trained, model, corpus.texts)
+        encode = sts.remembering(model.encode)  # its STS-B sentences are scored, plotted and ranked: encoded once
+        encoders, explained = _encoders(params, trained, model.dim, encode, corpus.texts)
         table = _sts_table(encoders, pair_sets, f"validate {distilled.key} STS", progress)
-        student_corpus = model.encode(corpus.texts)
+        student_corpus = encode(corpus.texts)
         stsb = pair_sets[0]
         plots = Plots(
             explained_variance_ratio=explained,
             curves=training_curves(distilled),
-            sts_cosine=sts.cosine(model.encode(stsb.first), model.encode(stsb.second)),
+            sts_cosine=sts.cosine(encode(stsb.first), encode(stsb.second)),
             sts_gold=stsb.scores,
             norms={
                 "teacher": np.linalg.norm(corpus.teacher_vectors, axis=1),
@@ -127,9 +128,9 @@ def measure(
         )
         found = metrics.nearest(student_corpus, student_corpus, 10, exclude_self=True)  # each sample row's 10 nearest
         overlap, dev = (
-            _versus_promoted(promoted, model, found, corpus.texts, Path(scratch)) if promoted else (None, None)
+            _versus_promoted(promoted, encode, found, corpus.texts, Path(scratch)) if promoted else (None, None)
         )
-        return Measurements(table, _retrieval(model.encode, found, corpus, stsb), plots, overlap, dev)
+        return Measurements(table, _retrieval(encode, found, corpus, stsb), plots, overlap, dev)
 
 
 def _sts_table(encoders: dict[str, Encode], pair_sets: list[sts.PairSet], what: str, bar: bool) -> StsTable:
@@ -145,9 +146,9 @@ def _sts_table(encoders: dict[str, Encode], pair_sets: list[sts.PairSet], what: 
 
 
 def _versus_promoted(
-    promoted: PromotedModel, model: Any, found: np.ndarray, texts: list[str], scratch: Path
+    promoted: PromotedModel, encode: Encode, found: np.ndarray, texts: list[str], scratch: Path
 ) -> tuple[NeighbourOverlap, DevVersusPromoted]:
-    """This run's student (``model``) against the promoted run's: the mean share of each sample sentence's 10
+    """This run's student (its ``encode``) against the promoted run's: the mean share of each sample sentence's 10
     nearest sample sentences (``found``, by this run's student) that the promoted one also ranks among its 10
     nearest (1: the same neighbours), and both students' mean STS dev score."""
     from tasks.ml import student
@@ -158,26 +159,27 @@ def _versus_promoted(
     overlap = metrics.recall_at_k(found, metrics.nearest(vectors, vectors, 10, exclude_self=True))
     dev = DevVersusPromoted(
         run=promoted.model_run,
-        student=round(sts.dev_score(model.encode), 2),
+        student=round(sts.dev_score(encode), 2),
         promoted=round(sts.dev_score(theirs.encode), 2),
     )
     return NeighbourOverlap(run=promoted.model_run, overlap_at_10=round(overlap, 4), queries=len(texts)), dev
 
 
 def _encoders(
-    params: ValidateParams, trained: DistillParams, model: Any, corpus_texts: list[str]
+    params: ValidateParams, trained: DistillParams, dim: int, encode: Encode, corpus_texts: list[str]
 ) -> tuple[dict[str, Encode], np.ndarray]:
-    """The four encoders scored, and the fitted PCA's explained variance ratio."""
+    """The four encoders scored (the student's: ``encode``, its embeddings ``dim``-d), and the fitted PCA's
+    explained variance ratio."""
     from tasks.ml import student, teachers
     from tasks.ml.projection import MomentAccumulator, load_projection
 
     teacher = teachers.load(trained.teacher)
     projection = load_projection(params.store, trained.teacher, trained.pca_name)
-    base = student.build(trained.student, model.dim, layers=trained.student_layers)
+    base = student.build(trained.student, dim, layers=trained.student_layers)
     base.dense = None
     moments = MomentAccumulator(base.dim)
     moments.add(base.encode(corpus_texts))
-    base_pca = moments.fit(model.dim, "centered")
+    base_pca = moments.fit(dim, "centered")
     encoded_by_teacher: dict[tuple[str, ...], np.ndarray] = {}
 
     def teacher_encode(texts: list[str]) -> np.ndarray:  # once per pair set, for both teacher rows
@@ -189,7 +191,7 @@ def _encoders(
     return {
         "teacher": teacher_encode,
         "teacher + PCA": lambda t: projection.apply(teacher_encode(t)),
-        "student": model.encode,
+        "student": encode,
         BASELINE: lambda t: base_pca.apply(base.encode(t)),
     }, projection.explained_variance_ratio
 
