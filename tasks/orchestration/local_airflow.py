@@ -27,7 +27,6 @@ from pydantic import BaseModel
 from tasks.core import settings, storage
 from tasks.orchestration.task_libraries import TASK_LIBRARIES
 
-SERVICES = ("api-server", "scheduler", "dag-processor", "triggerer")
 USER = "admin"
 # Settings a user's environment may override: a few task processes at once (SQLite has one writer), tasks forked
 # with their libraries loaded (Airflow's ``mp_start_method`` and ``mp_forkserver_preload``: the LocalExecutor's
@@ -112,7 +111,7 @@ class LocalAirflow:
         self.create_encode_pool()
 
     def service_args(self) -> dict[str, list[str]]:
-        """Each service's ``airflow`` arguments, by name (``SERVICES``), in the order they start."""
+        """Each service's ``airflow`` arguments, by name, in the order they start."""
         return {
             "api-server": ["api-server", "-H", "127.0.0.1", "-p", str(self.port)],
             "scheduler": ["scheduler", "--skip-serve-logs"],
@@ -186,7 +185,7 @@ class LocalAirflow:
     def failure(self, what: str) -> AirflowFailed:
         """``what`` went wrong, with each service's log tail."""
         parts = [what]
-        for name in sorted({*SERVICES, *self.processes}):
+        for name in sorted({*self.service_args(), *self.processes}):
             parts.append(f"--- {name}.log (last lines) ---\n{_tail(self.home / f'{name}.log')}")
         return AirflowFailed("\n".join(parts))
 

@@ -180,13 +180,7 @@ def _encoders(
     moments = MomentAccumulator(base.dim)
     moments.add(base.encode(corpus_texts))
     base_pca = moments.fit(dim, "centered")
-    encoded_by_teacher: dict[tuple[str, ...], np.ndarray] = {}
-
-    def teacher_encode(texts: list[str]) -> np.ndarray:  # once per pair set, for both teacher rows
-        key = tuple(texts)
-        if key not in encoded_by_teacher:
-            encoded_by_teacher[key] = teacher.encode(texts, dtype=params.teacher_dtype)
-        return encoded_by_teacher[key]
+    teacher_encode = sts.remembering(lambda texts: teacher.encode(texts, dtype=params.teacher_dtype))  # both rows
 
     return {
         "teacher": teacher_encode,
