@@ -163,6 +163,29 @@ def test_step_lines_split_the_output_into_steps_each_led_and_timed():
     ]
 
 
+def test_a_step_line_is_written_whole_with_its_newline(monkeypatch):
+    """One write per step line: a thread still writing for the previous command (OpenLineage's client logs as it
+    starts) could otherwise put its own line between the step's text and its newline, which the reader then cannot
+    parse."""
+    import airflow.__main__
+
+    writes: list[str] = []
+
+    class Recorder:
+        def write(self, text: str) -> int:
+            writes.append(text)
+            return len(text)
+
+        def flush(self) -> None:
+            pass
+
+    monkeypatch.setattr(airflow.__main__, "main", lambda: None)
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    airflow_cli.run({"hpd_ingest": INGEST})
+    assert writes == [airflow_cli.Step.of("hpd_ingest", INGEST).line() + "\n"]
+
+
 def test_a_failing_step_is_named_and_ends_the_output():
     code = f"""
         import sys

@@ -42,7 +42,10 @@ def run(commands: dict[str, list[str]]) -> None:
     from airflow.__main__ import main
 
     for label, argv in commands.items():
-        print(Step.of(label, argv).line(), flush=True)
+        # One write, its newline with it: a thread of the previous command's (OpenLineage's client) may be writing
+        # a line of its own, which ``print``'s separate write of the newline would let in before it.
+        sys.stdout.write(Step.of(label, argv).line() + "\n")
+        sys.stdout.flush()
         sys.argv = ["airflow", *argv]
         main()
         sys.stdout.flush()
