@@ -46,15 +46,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # The longest modules, in the order pytest-xdist hands them out first (``--dist loadfile``): the live Airflow
-# services and the Celery workers as one unit of work (one worker runs them one after the other: two Airflow stacks
-# at once starve each other of the two cores), then the DAG chain on file:// and on S3 (a unit each), then `make
-# airflow`'s services (SQLite, the LocalExecutor), the chaos test, the retrain decisions through Airflow and
-# distillation's on the third. The rest fill in around them.
-LIVE_AIRFLOW = ("tests/dags/test_airflow_services.py", "tests/dags/test_celery_workers.py")
+# services, then the DAG chain on file:// and on S3 (a unit each), then `make airflow`'s services (SQLite, the
+# LocalExecutor), the chaos test, the retrain decisions through Airflow and distillation's on the third. The rest
+# fill in around them.
 # Modules whose tests are units of work of their own, so that two workers share them: the chain on file:// and on S3.
 SPLIT_BY_TEST = ("tests/dags/test_dag_runs.py",)
 LONGEST_FIRST = (
-    *LIVE_AIRFLOW,
+    "tests/dags/test_airflow_services.py",
     "tests/dags/test_dag_runs.py",
     "tests/dags/test_local_airflow.py",
     "tests/test_chaos.py",
@@ -88,23 +86,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object | None:
-    """``-n N`` (``--dist load``) or ``--dist loadfile``: whole modules, in collection order, with the
-    ``LIVE_AIRFLOW`` modules in one unit of work (their tests build on each other, so a module never splits), and
-    each test of a ``SPLIT_BY_TEST`` module in one of its own."""
+    """``-n N`` (``--dist load``) or ``--dist loadfile``: whole modules (tests that build on each other never
+    split), in collection order, and each test of a ``SPLIT_BY_TEST`` module in one of its own."""
     if config.getvalue("dist") not in ("load", "loadfile"):
         return None
     from xdist.scheduler import LoadFileScheduling
 
     config.option.loadscopereorder = False
 
-    class LiveAirflowTogether(LoadFileScheduling):
+    class SplitSomeModules(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = _module_path(nodeid)
-            if path in SPLIT_BY_TEST:
-                return nodeid
-            return "live-airflow" if path in LIVE_AIRFLOW else path
+            return nodeid if path in SPLIT_BY_TEST else path
 
-    return LiveAirflowTogether(config, log)
+    return SplitSomeModules(config, log)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -1,17 +1,31 @@
-"""Live Airflow services (api-server on 127.0.0.1, scheduler, dag-processor, triggerer; LocalExecutor, SQLite)
-and a local SMTP sink, operated as the platform team does: a 3-day backfill of hpd_ingest over 3 daily inputs
-(one arriving late, waited for by the deferred sensor), the events that run the quality report on each partition
-and a retrain on the new data, whose promotion rebuilds the index, on the store the events name (the services'
-own default store stays empty); a red run on a failed gate (on a copy of the store in S3) with exactly one alert;
-reports opened in Chromium from their tasks on both stores (the report plugin in the API server); a retrain
-that finds no new data; a run that survives a killed scheduler. The tests run in order and build on each other:
-after a failure the rest are skipped, naming it."""
+"""Live Airflow services as a deployment runs them (docker/compose.yaml, infra/helm): api-server on 127.0.0.1,
+scheduler, dag-processor and triggerer, the CeleryExecutor with Redis and PostgreSQL (Debian's packages, on
+127.0.0.1) and two Celery workers of concurrency 1, ``hpd-cpu`` on the default queue and ``hpd-gpu`` on the default
+and GPU queues, with a local SMTP sink; operated as the platform team does: a 3-day backfill of hpd_ingest over 3
+daily inputs (one arriving late, waited for by the deferred sensor; the teacher encodings mapped, in the encoding
+pool), the events that run the quality report on each partition and a retrain on the new data (distill on the GPU
+queue), whose promotion rebuilds the index, on the store the events name (the services' own default store stays
+empty); a red run on a failed gate (on a copy of the store in S3) with exactly one alert; reports opened in Chromium
+from their tasks on both stores (the report plugin in the API server); a retrain that finds no new data; a run that
+survives a killed scheduler. The tests run in order and build on each other: after a failure the rest are skipped,
+naming it.
+
+Where each task ran: Airflow records ``[core] hostname_callable()`` as a task instance's hostname and the task
+process's PID as its pid. On one machine both workers share the FQDN, so each worker here names itself through
+``tests/support/worker_hostname.py``, and, independently, :class:`ProcessTree` traces every pid to the worker
+process it descended from. The executors are mixed as infra/helm mixes them (``CeleryExecutor,LocalExecutor``, the
+CeleryExecutor the default), with ``HPD_DISTILL_EXECUTOR=CeleryExecutor`` routing distill by its task-level
+``executor=`` (recorded on its task instance; here it names the default executor, so the live run shows the route
+works, not that it differs from the default: tests/dags/test_task_routing.py parses the DAGs under a
+KubernetesExecutor default). ``make airflow``'s LocalExecutor runs live in tests/dags/test_local_airflow.py.
+"""
 
 import gzip
 import json
 import time
 import uuid
 from dataclasses import replace
+from datetime import datetime
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -22,25 +36,27 @@ from tasks.core import catalog, manifest, partitions, promoted, storage
 from tasks.core.catalog import Stage
 from tasks.ml import segments
 from tests.support import chromium, store_state
-from tests.support.airflow_services import AirflowServices
+from tests.support.celery_services import CeleryAirflowServices, missing_servers
 from tests.support.paths import REPO as ROOT
-from tests.support.postgres import postgres_bindir
-from tests.support.process_libraries import TORCH, command, descendants, mapped
+from tests.support.process_libraries import TORCH, descendants, mapped
 from tests.support.servers import s3_settings
 from tests.support.smtp_sink import SmtpSink, body_text
 from tests.support.tiny_models import build_sentence_model
 
+MISSING = missing_servers()
 pytestmark = [
     pytest.mark.services,
+    pytest.mark.celery,
     pytest.mark.models,
-    pytest.mark.skipif(
-        postgres_bindir() is None, reason="no PostgreSQL server installed (make venv installs Debian's postgresql)"
-    ),
+    pytest.mark.skipif(bool(MISSING), reason=f"not installed: {', '.join(MISSING)} (make venv installs them)"),
 ]
 
 DAYS = ("2026-11-01", "2026-11-02", "2026-11-03")
 LATE_DAY = DAYS[-1]
-FAST = {"augment_methods": ["swap"], "dtype": "fp32"}
+# Each day's run maps two teacher encodings (the staged shard and the augmented one).
+FAST = {"augment_methods": ["swap"], "augment_fraction": 1.0, "dtype": "fp32"}
+CPU, GPU = "hpd-cpu", "hpd-gpu"
+GPU_QUEUE, POOL = "gpu", "hpd_teacher_encode"
 
 
 def _daily_inputs(raw) -> dict[str, list[str]]:
@@ -83,9 +99,14 @@ def services(tmp_path_factory, sink, s3_store):
     home = tmp_path_factory.mktemp("airflow-services")
     inputs = _daily_inputs(home / "raw")
     model = str(build_sentence_model(home / "tiny"))
-    running = AirflowServices(
+    running = CeleryAirflowServices(
         home,
         {
+            "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor,LocalExecutor",
+            "HPD_DISTILL_EXECUTOR": "CeleryExecutor",
+            "HPD_GPU_QUEUE": GPU_QUEUE,
+            "HPD_ENCODE_POOL": POOL,
+            "HPD_ENCODE_POOL_SLOTS": "2",
             "HPD_STORE": storage.to_uri(str(home / "default-store")),  # must stay empty: runs name their store
             "HPD_REPORT_STORES": f"{storage.to_uri(str(home / 'store'))},{s3_store[0]}",  # those runs name
             **s3_store[1],
@@ -98,6 +119,7 @@ def services(tmp_path_factory, sink, s3_store):
             "HPD_ALERT_FROM": "hpd-airflow@example.com",
             "AIRFLOW_CONN_SMTP_DEFAULT": sink.connection_uri(),
         },
+        workers={CPU: "default", GPU: f"default,{GPU_QUEUE}"},
     )
     running.home, running.inputs = home, inputs
     running.store, running.s3_store = storage.to_uri(str(home / "store")), s3_store[0]
@@ -186,12 +208,16 @@ def test_three_day_backfill_over_three_daily_inputs(services):
             "dag_run_conf": {"store": services.store, **FAST},
         },
     )
-    late_run = f"backfill__{LATE_DAY}T00:00:00+00:00"
+    late_run = _backfill_run(LATE_DAY)
     services.wait_for_task_state("hpd_ingest", late_run, "wait_for_source", "deferred", timeout=300)
+    for day in DAYS[:-1]:
+        assert services.wait_for_run("hpd_ingest", _backfill_run(day), timeout=400) == "success"
+    # The late day's encodings take the encoding pool's one slot in turn (days 1 and 2 ran with 2).
+    body = {"pool": POOL, "slots": 1, "include_deferred": False}
+    services.request("PATCH", f"/api/v2/pools/{POOL}?update_mask=slots", body)
     late = services.home / "raw" / f"{LATE_DAY}.tsv"  # lands while its sensor waits in the triggerer
     late.write_text("".join(services.inputs["header"] + services.inputs[LATE_DAY]))
-    for day in DAYS:
-        assert services.wait_for_run("hpd_ingest", f"backfill__{day}T00:00:00+00:00", timeout=400) == "success"
+    assert services.wait_for_run("hpd_ingest", late_run, timeout=400) == "success"
     assert services.task_states("hpd_ingest", late_run)["wait_for_source"] == "success"
     texts = {}
     for day in DAYS:
@@ -200,10 +226,54 @@ def test_three_day_backfill_over_three_daily_inputs(services):
         texts[day] = {r["text"] for o in staged.outputs for r in storage.read_parquet(o.uri).to_pylist()}
     assert len(set().union(*texts.values())) == 60  # three partitions, three different contents
     _checksums_agree(services.store)
-    # the LocalExecutor's workers fork from a forkserver of the scheduler's that loaded the tasks' libraries
-    scheduler = services.processes["scheduler"].pid
-    forkservers = [pid for pid in descendants(scheduler) if "multiprocessing.forkserver" in command(pid)]
-    assert forkservers and all(mapped(pid, TORCH) for pid in forkservers)
+
+
+def _backfill_run(day: str) -> str:
+    return f"backfill__{day}T00:00:00+00:00"
+
+
+def _tasks(services, dag_id: str, run_id: str, task_id: str | None = None) -> list[dict]:
+    """The run's task instances (``task_id``'s only, when given), by map index."""
+    found = services.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+    return sorted((t for t in found if task_id in (None, t["task_id"])), key=lambda t: t["map_index"])
+
+
+def _at(ti: dict, key: str) -> float:
+    return datetime.fromisoformat(ti[key]).timestamp()
+
+
+def _where(services, ti: dict) -> str:
+    """The worker that ran ``ti``: its recorded hostname, which must agree with the process tree."""
+    traced = services.tree.owner(ti["pid"], _at(ti, "end_date"))
+    assert traced == ti["hostname"], (ti["task_id"], ti["hostname"], ti["pid"], traced)
+    return ti["hostname"]
+
+
+def _most_at_once(tis: list[dict]) -> int:
+    """The most of ``tis`` queued or running at once (each from its ``queued_when`` to its ``end_date``)."""
+    return max(sum(_at(u, "queued_when") <= _at(t, "queued_when") < _at(u, "end_date") for u in tis) for t in tis)
+
+
+def test_the_encodings_ran_mapped_on_the_workers_within_the_pool(services):
+    """Each day's two teacher encodings ran on the Celery workers, in the encoding pool. With its 2 slots (days 1
+    and 2, their runs at the same time), two were queued at once and never three; with 1 slot (the late day), its
+    second was queued only once its first had ended."""
+    encodes = {day: _tasks(services, "hpd_ingest", _backfill_run(day), "encode") for day in DAYS}
+    every = [t for day in DAYS for t in encodes[day]]
+    assert [len(encodes[day]) for day in DAYS] == [2, 2, 2] and {t["state"] for t in every} == {"success"}
+    assert all(t["queue"] == "default" and t["pool"] == POOL and t["pool_slots"] == 1 for t in every)
+    assert {_where(services, t) for t in every} <= {CPU, GPU}
+    assert _most_at_once(encodes[DAYS[0]] + encodes[DAYS[1]]) == 2
+    earlier, later = sorted(encodes[LATE_DAY], key=lambda t: _at(t, "queued_when"))
+    assert _at(later, "queued_when") >= _at(earlier, "end_date")
+
+
+def test_each_worker_forks_its_tasks_with_their_libraries_loaded(services):
+    """The project's Celery configuration (the deployments'): a worker imports the tasks' libraries before it forks
+    its pool, so its processes hold torch while no task runs."""
+    for name in (CPU, GPU):
+        root = services.processes[f"worker-{name}"].pid
+        assert [pid for pid in (root, *descendants(root)) if mapped(pid, TORCH)], name
 
 
 def test_each_partition_event_runs_the_quality_report_on_exactly_that_partition(services):
@@ -238,6 +308,14 @@ def test_new_data_retrains_and_the_promotion_rebuilds_the_index_on_the_events_st
     trained_runs = [r["dag_run_id"] for r in retrains]
     trained = next(r for r in trained_runs if services.task_states("hpd_retrain", r)["validate"] == "success")
     services.reports = {"file": {"store": services.store, "hpd_retrain": trained}}
+
+
+def test_distill_ran_on_the_gpu_queue_worker(services):
+    """The retrain that trained routed distill to the GPU queue, through its task-level executor."""
+    (distill,) = _tasks(services, "hpd_retrain", services.reports["file"]["hpd_retrain"], "distill")
+    assert distill["state"] == "success"
+    assert distill["queue"] == GPU_QUEUE and distill["executor"] == "CeleryExecutor"
+    assert _where(services, distill) == GPU
 
 
 def test_a_failed_gate_is_a_red_run_with_one_alert_and_no_promotion(services, sink):
@@ -342,3 +420,18 @@ def test_a_run_completes_after_the_scheduler_is_killed(services):
     assert manifest.read(services.store, Stage.STAGE_CORPUS, f"ingest_date={day}").stats["rows_written"] == 0
     _checksums_agree(services.store)
     assert json.loads(storage.read_bytes(f"{services.store}/models/current.json"))["model_run"]
+
+
+def test_every_task_ran_on_the_celery_workers(services):
+    """Every task instance of the module's runs that ran (the late day's sensor too, before and after it deferred
+    to the triggerer) ran on one of the two workers: never in the scheduler (the LocalExecutor) or elsewhere."""
+    ran = [
+        t
+        for dag_id in ("hpd_ingest", "hpd_quality_report", "hpd_retrain", "hpd_index")
+        for run in _runs(services, dag_id)
+        for t in _tasks(services, dag_id, run["dag_run_id"])
+        if t["state"] in ("success", "failed")
+    ]
+    tasks = {"stage", "augment", "plan_encoding", "encode", "fit_pca", "distill", "validate", "build_and_promote"}
+    assert {t["task_id"] for t in ran} >= tasks
+    assert {_where(services, t) for t in ran} == {CPU, GPU}

@@ -354,7 +354,7 @@ def test_make_env_writes_every_secret_once(tmp_path):
 
 
 def test_ports_stay_on_loopback_and_the_celery_layout(services):
-    """Published ports bind 127.0.0.1 only. The layout tests/dags/test_celery_workers.py runs: the CeleryExecutor on
+    """Published ports bind 127.0.0.1 only. The layout tests/dags/test_airflow_services.py runs: the CeleryExecutor on
     Redis and Postgres, a worker on the default queue and a GPU worker on the default and GPU queues, and one set of
     signing secrets for every Airflow container (the scheduler signs the workers' task tokens, the api-server
     checks them)."""

@@ -9,6 +9,7 @@ traced to the worker that ran it after the task has exited.
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import tempfile
@@ -70,15 +71,17 @@ class Redis:
 
 
 class ProcessTree(threading.Thread):
-    """Samples /proc every ``interval`` s and records, for each process seen, which of ``roots`` (name -> PID)
-    it descends from. A task process lives seconds at least (it parses the DAG file and imports the stage), so
-    a task instance's ``pid`` can be looked up here after the task has finished."""
+    """Walks the process trees below ``roots`` (name -> PID) every ``interval`` s and records, for each process
+    seen, which root it descends from. A task process lives longer than that (it parses the DAG file and runs the
+    stage), so a task instance's ``pid`` can be looked up here after the task has finished; a PID used again later
+    (a long run wraps PIDs) is told apart by when its process started."""
 
-    def __init__(self, roots: dict[str, int], interval: float = 0.2) -> None:
+    def __init__(self, roots: dict[str, int], interval: float = 0.1) -> None:
         super().__init__(daemon=True)
-        self.roots, self.interval = {pid: name for name, pid in roots.items()}, interval
-        self.seen: dict[int, set[str]] = defaultdict(set)
+        self.roots, self.interval = roots, interval
+        self.seen: dict[int, dict[float, str]] = defaultdict(dict)  # PID -> its processes' start ticks -> root
         self._stopping, self._lock = threading.Event(), threading.Lock()
+        self._tick, self._booted = os.sysconf("SC_CLK_TCK"), _boot_time()
 
     def run(self) -> None:
         while not self._stopping.wait(self.interval):
@@ -89,20 +92,32 @@ class ProcessTree(threading.Thread):
         self.join(timeout=5)
 
     def sample(self) -> None:
-        parents = process_libraries.parents()
-        with self._lock:
-            for pid in parents:
-                if (root := process_libraries.root_of(pid, parents, self.roots)) is not None:
-                    self.seen[pid].add(self.roots[root])
+        for name, root in self.roots.items():
+            below = process_libraries.children(root)
+            while below:
+                pid = below.pop()
+                if (start := process_libraries.started(pid)) is not None:
+                    with self._lock:
+                        self.seen[pid][start] = name
+                below += process_libraries.children(pid)
 
-    def owners(self, pid: int) -> set[str]:
-        """The roots ``pid`` was seen under (empty: never seen; two: the PID was reused across roots)."""
+    def owner(self, pid: int, ended: float) -> str | None:
+        """The root of the last process with ``pid`` that started by ``ended`` (seconds since the epoch; None:
+        never seen)."""
+        latest = (ended + 1 - self._booted) * self._tick
         with self._lock:
-            return set(self.seen.get(pid, ()))
+            starts = [(start, root) for start, root in self.seen.get(pid, {}).items() if start <= latest]
+        return max(starts)[1] if starts else None
+
+
+def _boot_time() -> int:
+    """When the machine booted, in seconds since the epoch."""
+    with open("/proc/stat") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("btime "))
 
 
 class CeleryAirflowServices(AirflowServices):
-    """The Airflow services (api-server, scheduler, dag-processor; no triggerer) with the CeleryExecutor, Redis
+    """The Airflow services (api-server, scheduler, dag-processor, triggerer) with the CeleryExecutor, Redis
     started here, and one Celery worker per entry of ``workers`` (Celery hostname -> comma-separated queues), each
     with concurrency 1. ``extra_env`` overrides the configuration (e.g. several executors)."""
 
@@ -117,8 +132,6 @@ class CeleryAirflowServices(AirflowServices):
             "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.postgres.url}",
             "AIRFLOW__CELERY__WORKER_CONCURRENCY": "1",
             "AIRFLOW__CELERY_BROKER_TRANSPORT_OPTIONS__VISIBILITY_TIMEOUT": "21600",
-            # Only the runs a test triggers: no run for the latest interval when a DAG is unpaused.
-            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
             **CELERY_CONFIG_ENV,  # the deployments' configuration: workers load the tasks' libraries before forking
         }
         self.env.update({**celery, **extra_env})
@@ -127,10 +140,6 @@ class CeleryAirflowServices(AirflowServices):
         self.redis.start()
         super().start()
         self.wait_for_workers()
-
-    def service_args(self) -> dict[str, list[str]]:
-        """The services but the triggerer: the chain's raw files are there when its runs start, so no sensor defers."""
-        return {name: args for name, args in super().service_args().items() if name != "triggerer"}
 
     def start_services(self) -> None:
         super().start_services()

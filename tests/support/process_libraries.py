@@ -23,6 +23,24 @@ def parents() -> dict[int, int]:
     return found
 
 
+def children(pid: int) -> list[int]:
+    """The live children of ``pid`` (empty: none, or ``pid`` exited)."""
+    try:
+        threads = [entry.path for entry in os.scandir(f"/proc/{pid}/task")]
+        return [int(child) for thread in threads for child in Path(thread, "children").read_text().split()]
+    except OSError:  # exited meanwhile
+        return []
+
+
+def started(pid: int) -> float | None:
+    """When ``pid``'s process started, in clock ticks since boot (None: it exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return float(stat.rsplit(")", 1)[1].split()[19])  # starttime, the 22nd field; the first after (comm) is 3rd
+
+
 def root_of(pid: int, parents_of: dict[int, int], roots: Collection[int]) -> int | None:
     """``pid`` itself or its nearest ancestor among ``roots`` (None: neither)."""
     hops = 0
