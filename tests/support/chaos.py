@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import re
 import signal
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -112,10 +113,11 @@ def killed_before(position: int, stage: Stage, values: dict[str, Any]) -> None:
 
     The child is forked from a server process that imported the stages and ran nothing (multiprocessing's
     ``forkserver``): a fork of this process would inherit thread pools (polars', OpenMP's) without their
-    threads, and hang on them."""
-    child = _SERVER.Process(target=_in_child, args=(_environment(), stage, values, position))
-    child.start()
-    child.join(timeout=300)
+    threads, and hang on them. Its temporary folders are made in one removed here: the kill leaves them behind."""
+    with tempfile.TemporaryDirectory(prefix="hpd-chaos-") as scratch:
+        child = _SERVER.Process(target=_in_child, args=(_environment(), stage, values, position, scratch))
+        child.start()
+        child.join(timeout=300)
     assert child.exitcode == -signal.SIGKILL, f"write {position}: exit code {child.exitcode}"
 
 
@@ -136,9 +138,12 @@ def _environment() -> dict[str, str]:
     return {name: value for name, value in os.environ.items() if name.startswith(("AWS_", "HPD_"))}
 
 
-def _in_child(environment: dict[str, str], stage: Stage, values: dict[str, Any], die_before: int) -> None:
+def _in_child(
+    environment: dict[str, str], stage: Stage, values: dict[str, Any], die_before: int, scratch: str | None = None
+) -> None:
     """A child's work: with ``die_before`` (a position), SIGKILL itself before that write; else exit 0, or
-    :data:`_CONFLICT` when another run's promotion came first."""
+    :data:`_CONFLICT` when another run's promotion came first. Its temporary folders go in ``scratch`` (None: the
+    system's)."""
     from tasks.core.catalog import PointerMoved
     from tasks.stages.build_index import PromotionConflict
     from tasks.stages.validate import ValidateError
@@ -146,6 +151,7 @@ def _in_child(environment: dict[str, str], stage: Stage, values: dict[str, Any],
     for name in [n for n in os.environ if n.startswith(("AWS_", "HPD_")) and n not in environment]:
         del os.environ[name]
     os.environ.update(environment)
+    tempfile.tempdir = scratch
     storage.reset_s3_clients()
     count = iter(range(1, die_before + 1))
 
