@@ -234,7 +234,7 @@ def _backfill_run(day: str) -> str:
 
 def _tasks(services, dag_id: str, run_id: str, task_id: str | None = None) -> list[dict]:
     """The run's task instances (``task_id``'s only, when given), by map index."""
-    found = services.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+    found = services.task_instances(dag_id, run_id)
     return sorted((t for t in found if task_id in (None, t["task_id"])), key=lambda t: t["map_index"])
 
 
@@ -408,9 +408,8 @@ def test_a_run_completes_after_the_scheduler_is_killed(services):
         "/api/v2/dags/hpd_ingest/dagRuns",
         {"logical_date": f"{day}T00:00:00Z", "conf": {"store": services.store, **FAST}},
     )
-    path = f"/api/v2/dags/hpd_ingest/dagRuns/{run['dag_run_id']}/taskInstances"
     deadline = time.monotonic() + 120
-    while not any(t["state"] == "running" for t in services.request("GET", path)["task_instances"]):
+    while not any(t["state"] == "running" for t in services.task_instances("hpd_ingest", run["dag_run_id"])):
         if time.monotonic() > deadline:
             raise services.failure("no task started in 120 s", "hpd_ingest", run["dag_run_id"])
         time.sleep(0.5)

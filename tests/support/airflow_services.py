@@ -75,10 +75,13 @@ class AirflowServices(LocalAirflow):
             what += f"\ntask states of {dag_id} {run_id}: {self.task_states(dag_id, run_id)}"
         return ServicesFailed(str(super().failure(what)))
 
+    def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
+        """The run's task instances, as the REST API reports them."""
+        return self.request("GET", f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances")["task_instances"]
+
     def task_states(self, dag_id: str, run_id: str) -> dict[str, str] | str:
         try:
-            path = f"/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances"
-            return {t["task_id"]: t["state"] for t in self.request("GET", path)["task_instances"]}
+            return {t["task_id"]: t["state"] for t in self.task_instances(dag_id, run_id)}
         except (RuntimeError, OSError) as exc:  # AirflowFailed is a RuntimeError
             return f"unavailable ({exc})"
 
