@@ -2,9 +2,12 @@
 
 Teacher all-mpnet-base-v2 -> PCA-128 (uncentered) -> students all-MiniLM-L6-v2 and its first 3 layers, run by
 the pipeline's own stages on a persistent store under ``var/bench/distill_quality`` (a rerun skips what is
-finished, scores included): ``HPD_BENCH_SENTENCES`` corpus sentences plus 25% WordNet variants. The teacher
-encodings (the teacher alone, and the two-teacher composite of :mod:`tasks.ml.teachers`: the teacher and
-the base student, whose member encodings it reuses) are stage runs of their own, reported apart.
+finished, scores included). Two partitions: ``HPD_BENCH_SENTENCES`` corpus sentences plus 25% WordNet variants,
+and the in-domain text (the distinct sentences of the STS-B and SICK training splits, without their scores:
+:func:`tasks.ml.sts.training_sentences`). Augmentation varies, and the teacher encodes, every row
+(``teacher_sample`` 0: the pipeline's default bounds the sample a day adds; here the whole set is the data).
+The teacher encodings (the teacher alone, and the two-teacher composite of :mod:`tasks.ml.teachers`: the
+teacher and the base student, whose member encodings it reuses) are stage runs of their own, reported apart.
 
 Levers: short runs of the 6-layer student (``LEVER_STEPS`` steps of 64 sentences), each changing one setting
 of the reference; the dev sets (STS-B dev, SICK-R dev) choose, the test sets report. The recipe: the two
@@ -16,6 +19,7 @@ training sentences. Scores: Spearman x100 of cosine similarity.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -29,14 +33,18 @@ import numpy as np
 from bench import REPO, results
 from tasks.core import config, manifest, sentences, storage
 from tasks.core.catalog import Stage
-from tasks.ml import models, precision, sts
+from tasks.ml import metrics, models, precision, sts
 from tasks.stages import augment, distill, encode_teacher, fit_pca, stage_corpus
 from tasks.stages.distill.stage import RUNTIME
+from tasks.stages.validate import scoring
 
 STORE = storage.to_uri(str(REPO / "var" / "bench" / "distill_quality"))
 SCORES = REPO / "var" / "bench" / "distill_quality_scores.json"
 STUDENTS = REPO / "var" / "bench" / "students"
-DAY = date(2026, 1, 1)
+IN_DOMAIN_TEXT = REPO / "var" / "bench" / "in_domain.txt"
+DAY, IN_DOMAIN_DAY = date(2026, 1, 1), date(2026, 1, 2)  # the corpus partition, the in-domain text's
+CORPUS, EVERY_PARTITION = [DAY.isoformat()], [DAY.isoformat(), IN_DOMAIN_DAY.isoformat()]
+EVERY_ROW = {"teacher_sample": 0}  # the teacher encodes, and augmentation varies, every staged row
 SENTENCES = int(os.environ.get("HPD_BENCH_SENTENCES", 48_000))
 THREADS = len(os.sched_getaffinity(0))
 LEVER_STEPS = 150
@@ -49,6 +57,7 @@ REFERENCE = {
     "length_grouped": False,
     "select_on": "val_mse",
     "blend_initial": [],
+    "partitions": CORPUS,
 }
 PREDATING = {"length_grouped": False}  # how runs published before a parameter existed behaved
 TWO_TEACHERS = models.DEFAULT_TEACHER_SPEC  # the stages' default: teacher + base student
@@ -56,6 +65,7 @@ DTYPE = precision.resolve("auto", "cpu")  # bf16 on CPUs with AVX-512 BF16 or AM
 AMP = "bf16" if DTYPE == "bf16" else "off"
 LEVERS: dict[str, dict[str, Any]] = {
     "reference: lr 1e-4, MSE, weights of the lowest validation MSE": {},
+    "data: + the STS-B and SICK training splits' sentences (unlabelled)": {"partitions": EVERY_PARTITION},
     "lr 3e-5": {"lr": 3e-5},
     "loss: MSE + cosine term (weight 1)": {"cosine_weight": 1.0},
     "loss: MSE + similarity-structure term (weight 1)": {"structure_weight": 1.0},
@@ -71,16 +81,18 @@ LEVERS: dict[str, dict[str, Any]] = {
     },
 }
 RECIPE: dict[str, dict[str, Any]] = {
-    "MiniLM-L6": {"max_steps": 1800},
-    "MiniLM-L3": {"student_layers": 3, "max_steps": 2400},
+    "MiniLM-L6": {"max_steps": 3000},
+    "MiniLM-L3": {"student_layers": 3, "max_steps": 6000},
 }
 WINNING: dict[str, Any] = {
     "teacher": TWO_TEACHERS,
+    "partitions": EVERY_PARTITION,
     "length_grouped": True,
     "select_on": "sts_dev",
     "blend_initial": [0.25, 0.5, 0.75],
     "eval_every": 200,
 }
+OVERLAP, OVERLAP_SAMPLE = "neighbour overlap@10", 2000  # the validation report's measure, on its sample size
 SETS: dict[str, Callable[[], sts.PairSet]] = {
     "STS-B dev": sts.stsb_dev,
     "SICK-R dev": sts.sick_r_dev,
@@ -91,25 +103,32 @@ SETS: dict[str, Callable[[], sts.PairSet]] = {
 
 def prepare() -> dict:
     """Stage, augment, encode with the teacher and fit the PCA (each skipped when done); wall seconds of each."""
+    corpus = {"source": str(REPO / "data" / "corpus" / "sentences.tsv.gz"), "column": "sentence", "limit": SENTENCES}
     steps = [
-        (
-            "stage",
-            stage_corpus.run,
-            stage_corpus.StageCorpusParams,
-            {"source": str(REPO / "data" / "corpus" / "sentences.tsv.gz"), "column": "sentence", "limit": SENTENCES},
-        ),
-        ("augment", augment.run, augment.AugmentParams, {"methods": ["wordnet"], "fraction": 0.25}),
+        ("stage", stage_corpus.run, stage_corpus.StageCorpusParams, DAY, corpus),
+        ("augment", augment.run, augment.AugmentParams, DAY, {"methods": ["wordnet"], "fraction": 0.25, **EVERY_ROW}),
+        ("stage in-domain", stage_corpus.run, stage_corpus.StageCorpusParams, IN_DOMAIN_DAY, _in_domain_source()),
     ]
     for teacher in (models.DEFAULT_TEACHER, TWO_TEACHERS):
-        values = {"dtype": DTYPE, "teacher": teacher}
-        steps.append((f"encode_teacher {teacher}", encode_teacher.run, encode_teacher.EncodeTeacherParams, values))
+        values = {"dtype": DTYPE, "teacher": teacher, **EVERY_ROW}
+        for day in (DAY, IN_DOMAIN_DAY):
+            steps.append(
+                (f"encode_teacher {teacher} {day}", encode_teacher.run, encode_teacher.EncodeTeacherParams, day, values)
+            )
     timings = {}
-    for name, run, model, values in steps:
-        timings[name] = _timed_stage(run, config.parse(model, {"store": STORE, "ingest_date": DAY, **values}))
+    for name, run, model, day, values in steps:
+        timings[name] = _timed_stage(run, config.parse(model, {"store": STORE, "ingest_date": day, **values}))
     for teacher in (models.DEFAULT_TEACHER, TWO_TEACHERS):
         values = {"store": STORE, "teacher": teacher, "k": 128, "max_rows": 40_000}
         timings[f"fit_pca {teacher}"] = _timed_stage(fit_pca.run, config.parse(fit_pca.FitPCAParams, values))
     return timings
+
+
+def _in_domain_source() -> dict[str, str]:
+    """The in-domain partition's source: the training splits' sentences, one per line."""
+    IN_DOMAIN_TEXT.parent.mkdir(parents=True, exist_ok=True)
+    IN_DOMAIN_TEXT.write_text("\n".join(sts.training_sentences()) + "\n", encoding="utf-8")
+    return {"source": str(IN_DOMAIN_TEXT)}
 
 
 def _timed_stage(run: Callable[..., manifest.StageResult], params: Any) -> dict:
@@ -163,6 +182,28 @@ def scored(key: str, encode_factory: Callable[[], Callable[[list[str]], np.ndarr
     return cache[key]
 
 
+def measured(key: str, encode_factory: Callable[[], Callable[[list[str]], np.ndarray]]) -> dict[str, float]:
+    """The four STS scores of an encoder (:func:`scored`) and its neighbour overlap@10 with the teacher, cached in
+    ``SCORES`` under ``key``: a rerun computes only what the cache lacks."""
+    encode_factory = functools.cache(encode_factory)
+    scores = scored(key, encode_factory)
+    cache = json.loads(SCORES.read_text())
+    if OVERLAP not in cache[key]:
+        cache[key][OVERLAP] = neighbour_overlap(encode_factory())
+        SCORES.write_text(json.dumps(cache, indent=2))
+    return {**scores, OVERLAP: cache[key][OVERLAP]}
+
+
+def neighbour_overlap(encode: Callable[[list[str]], np.ndarray]) -> float:
+    """The validation report's neighbour overlap@10 with the teacher: over the first ``OVERLAP_SAMPLE`` staged
+    corpus sentences, the mean share of each one's 10 nearest by ``encode`` that the teacher (all-mpnet-base-v2)
+    also ranks among its 10 nearest."""
+    sample = scoring.corpus_sample(STORE, models.DEFAULT_TEACHER, OVERLAP_SAMPLE)
+    truth = metrics.nearest(sample.teacher_vectors, sample.teacher_vectors, 10, exclude_self=True)
+    vectors = encode(sample.texts)
+    return round(metrics.recall_at_k(metrics.nearest(vectors, vectors, 10, exclude_self=True), truth), 4)
+
+
 def _student(run: dict) -> Callable[[], Callable[[list[str]], np.ndarray]]:
     def factory() -> Callable[[list[str]], np.ndarray]:
         from tasks.ml import student
@@ -193,8 +234,8 @@ def baselines(layers: int | None, train_texts: list[str]) -> dict[str, dict[str,
         return lambda texts: pca.transform(encoder.encode(texts, batch_size=64))
 
     return {
-        f"baseline {name} (384-d)": scored(f"base-{name}", lambda: base().encode),
-        f"baseline {name} + PCA-128 (same size)": scored(f"base-pca-{name}", pca_factory),
+        f"baseline {name} (384-d)": measured(f"base-{name}", lambda: base().encode),
+        f"baseline {name} + PCA-128 (same size)": measured(f"base-pca-{name}", pca_factory),
     }
 
 
@@ -209,11 +250,11 @@ def teacher_rows() -> dict[str, dict[str, float]]:
 
         return factory
 
-    full = scored("teacher", lambda: lambda t: teachers.load(models.DEFAULT_TEACHER).encode(t, dtype=DTYPE))
+    full = measured("teacher", lambda: lambda t: teachers.load(models.DEFAULT_TEACHER).encode(t, dtype=DTYPE))
     return {
         "teacher all-mpnet-base-v2 (768-d)": full,
-        "teacher + PCA-128 (the single-teacher targets)": scored("teacher-pca", projected(models.DEFAULT_TEACHER)),
-        "two teachers + PCA-128 (the recipe's targets)": scored("two-teachers-pca", projected(TWO_TEACHERS)),
+        "teacher + PCA-128 (the single-teacher targets)": measured("teacher-pca", projected(models.DEFAULT_TEACHER)),
+        "two teachers + PCA-128 (the recipe's targets)": measured("two-teachers-pca", projected(TWO_TEACHERS)),
     }
 
 
@@ -245,7 +286,7 @@ def main() -> dict:
 def trained(name: str, overrides: dict[str, Any]) -> dict:
     """A distill run (:func:`train`) with the STS scores of the student it exported."""
     run = train(name, overrides)
-    return {**run, "scores": scored(f"{run['key']}@{run['fingerprint']}", _student(run))}
+    return {**run, "scores": measured(f"{run['key']}@{run['fingerprint']}", _student(run))}
 
 
 def _folder_encoder(folder) -> Callable[[list[str]], np.ndarray]:

@@ -131,7 +131,10 @@ ABOUT = {
             Table(
                 "details/table",
                 "model",
-                tuple((name, name) for name in ("STS-B test", "SICK-R test", "STS-B dev", "SICK-R dev")),
+                (
+                    *((name, name) for name in ("STS-B test", "SICK-R test", "STS-B dev", "SICK-R dev")),
+                    ("overlap@10 with the teacher", "neighbour overlap@10"),
+                ),
             ),
             Table(
                 "details/levers",
@@ -142,6 +145,7 @@ ABOUT = {
                     ("val cosine at start", "val_cosine/initial"),
                     ("exported", "val_cosine/exported"),
                     *_SCORES,
+                    ("overlap@10", "scores/neighbour overlap@10"),
                 ),
             ),
         ),

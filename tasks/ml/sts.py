@@ -1,6 +1,7 @@
 """Semantic textual similarity: the vendored STS-B and SICK-R sets, and their score.
 
-The test sets measure; the dev sets (STS-B dev, SICK trial) are the ones a run may tune or select on.
+The test sets measure; the dev sets (STS-B dev, SICK trial) are the ones a run may tune or select on; the training
+splits' sentences, without their scores, are text a run may learn from.
 
 STS is scored as SentEval, SimCSE and HPD do: Spearman's rank correlation between the cosine
 similarity of the two sentence embeddings and the gold score, times 100.
@@ -55,6 +56,13 @@ def stsb_dev() -> PairSet:
 def sick_r_dev() -> PairSet:
     """SICK relatedness, trial annotations (500 pairs): for tuning and selection."""
     return _sick("SICK-R dev", "SICK_trial.txt")
+
+
+def training_sentences() -> list[str]:
+    """The distinct sentences of the training splits (STS-B train, SICK train), without their scores: unlabelled
+    in-domain text a distillation may learn from (sorted; neither a dev nor a test pair's score is used)."""
+    splits = (_stsb("STS-B train", "sts-train.csv"), _sick("SICK train", "SICK_train.txt"))
+    return sorted({text.strip() for pairs in splits for text in (*pairs.first, *pairs.second)} - {""})
 
 
 def dev_score(encode: Encode) -> float:

@@ -20,6 +20,15 @@ def test_dev_sets_are_apart_from_the_test_sets():
         assert len(shared) < 0.02 * len(dev.scores)  # a few stock pairs recur in the source data
 
 
+def test_training_sentences_are_the_training_splits_distinct_sentences_without_scores():
+    texts = sts.training_sentences()
+    assert texts == sorted(set(texts)) and all(t == t.strip() and t for t in texts)
+    assert "A plane is taking off." in texts  # STS-B train's first pair
+    assert "A group of kids is playing in a yard and an old man is standing in the background" in texts  # SICK train
+    assert 14_000 < len(texts) < 5_749 * 2 + 4_500 * 2
+    assert not set(texts) & {"5.000", "4.500"}  # no score column
+
+
 def test_dev_score_is_the_mean_of_both_dev_sets():
     def by_length(texts):
         return np.array([[len(t), 1.0] for t in texts])
