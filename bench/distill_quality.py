@@ -79,6 +79,10 @@ LEVERS: dict[str, dict[str, Any]] = {
         "select_on": "sts_dev",
         "blend_initial": [0.25, 0.5, 0.75],
     },
+    "targets from two teachers, with the in-batch neighbourhood KL (weight 1, temperature 0.05)": {
+        "teacher": TWO_TEACHERS,
+        "relation_weight": 1.0,
+    },
 }
 RECIPE: dict[str, dict[str, Any]] = {
     "MiniLM-L6": {"max_steps": 3000},
@@ -87,6 +91,7 @@ RECIPE: dict[str, dict[str, Any]] = {
 WINNING: dict[str, Any] = {
     "teacher": TWO_TEACHERS,
     "partitions": EVERY_PARTITION,
+    "relation_weight": 1.0,
     "length_grouped": True,
     "select_on": "sts_dev",
     "blend_initial": [0.25, 0.5, 0.75],

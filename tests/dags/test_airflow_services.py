@@ -415,7 +415,7 @@ def test_a_run_completes_after_the_scheduler_is_killed(services):
             raise services.failure("no task started in 120 s", "hpd_ingest", run["dag_run_id"])
         time.sleep(0.5)
     services.kill("scheduler")
-    services.start_one("scheduler", ["scheduler", "--skip-serve-logs"])
+    services.start_one("scheduler", services.service_args()["scheduler"])
     assert services.wait_for_run("hpd_ingest", run["dag_run_id"], timeout=400) == "success"
     assert manifest.read(services.store, Stage.STAGE_CORPUS, f"ingest_date={day}").stats["rows_written"] == 0
     _checksums_agree(services.store)
