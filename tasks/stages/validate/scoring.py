@@ -126,11 +126,16 @@ def measure(
                 "student": np.linalg.norm(student_corpus, axis=1),
             },
         )
-        found = metrics.nearest(student_corpus, student_corpus, 10, exclude_self=True)  # each sample row's 10 nearest
+        found = neighbours(student_corpus)
         overlap, dev = (
             _versus_promoted(promoted, encode, found, corpus.texts, Path(scratch)) if promoted else (None, None)
         )
         return Measurements(table, _retrieval(encode, found, corpus, stsb), plots, overlap, dev)
+
+
+def neighbours(vectors: np.ndarray) -> np.ndarray:
+    """Each row's 10 nearest other rows by cosine: what the neighbour overlaps (overlap@10) compare."""
+    return metrics.nearest(vectors, vectors, 10, exclude_self=True)
 
 
 def _sts_table(encoders: dict[str, Encode], pair_sets: list[sts.PairSet], what: str, bar: bool) -> StsTable:
@@ -156,7 +161,7 @@ def _versus_promoted(
 
     theirs = SentenceEncoder.load(str(student.fetch_published(promoted.distilled, scratch / "promoted")))
     vectors = theirs.encode(texts)
-    overlap = metrics.recall_at_k(found, metrics.nearest(vectors, vectors, 10, exclude_self=True))
+    overlap = metrics.recall_at_k(found, neighbours(vectors))
     dev = DevVersusPromoted(
         run=promoted.model_run,
         student=round(sts.dev_score(encode), 2),
@@ -192,7 +197,7 @@ def _encoders(
 
 def _retrieval(encode: Encode, found: np.ndarray, corpus: CorpusSample, stsb: sts.PairSet) -> Retrieval:
     """Recall@10 of the student's neighbours ``found`` against the teacher's, and MRR of STS-B pairs >= 4."""
-    truth = metrics.nearest(corpus.teacher_vectors, corpus.teacher_vectors, 10, exclude_self=True)
+    truth = neighbours(corpus.teacher_vectors)
     close = stsb.scores >= 4.0
     candidates = sorted(set(np.array(stsb.second)[close]))
     answers = np.array([candidates.index(s) for s in np.array(stsb.second)[close]])
