@@ -19,8 +19,9 @@ from transformers.utils import logging as transformers_logging
 
 from tasks.core import manifest, storage, uris
 from tasks.core.catalog import Stage
+from tasks.ml import models
 from tasks.ml.choices import Activation, Init
-from tasks.ml.encoder import Dense, SentenceEncoder, transformer_folder
+from tasks.ml.encoder import Dense, Modules, SentenceEncoder, transformer_folder
 
 MODEL_FOLDER = "model"  # the exported sentence-transformers folder inside a distill run's outputs
 ACTIVATIONS = {"tanh": "torch.nn.modules.activation.Tanh", "identity": "torch.nn.modules.linear.Identity"}
@@ -60,6 +61,23 @@ def build(
     encoder.dense = Dense(hidden, k, activation=ACTIVATIONS[activation]).to(encoder.device)
     encoder.normalize = False  # HPD regresses the raw head output onto the projected targets
     return encoder
+
+
+def keep_head(encoder: SentenceEncoder, spec: str) -> None:
+    """Give ``encoder`` (built from ``spec`` by :func:`build`) the Dense head ``spec``'s folder has: a warm start's
+    own, which must have the shape and activation of the one :func:`build` made; a :class:`StudentError` if not."""
+    folder = models.resolve(spec)
+    modules = Modules.read(folder)
+    kept = Dense.from_folder(folder / modules.dense) if modules.dense is not None else None
+    made = encoder.dense
+    if kept is None or made is None:
+        raise StudentError(f"student {spec!r} has no Dense head to keep")
+    shape = (made.linear.in_features, made.linear.out_features, made.activation_name)
+    if (kept.linear.in_features, kept.linear.out_features, kept.activation_name) != shape:
+        raise StudentError(
+            f"student {spec!r}: its Dense head is not the {shape[0]} -> {shape[1]} {shape[2]} head asked for"
+        )
+    encoder.dense = kept.to(encoder.device)
 
 
 def as_sentence_transformer(encoder: SentenceEncoder) -> Any:

@@ -142,8 +142,8 @@ class DistillParams(StageParams):
     student_layers: int | None = Field(None, gt=0, description="keep only the first N transformer layers")
     warm_start: RunName | None = Field(
         None,
-        description="start from this distill run's exported student (its transformer; the head is initialised "
-        "again by init) instead of the student model",
+        description="start from this distill run's exported student instead of the student model: its transformer, "
+        "and its head when the targets are in the PCA basis it learned (else the head is initialised by init)",
     )
     activation: Activation = Field("tanh", description="the Dense head's activation (the paper's: tanh)")
     init: Init = Field("ridge", description="Dense head initialisation: ridge, pca or random")

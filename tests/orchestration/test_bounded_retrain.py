@@ -127,6 +127,26 @@ def test_a_warm_started_retrain_can_keep_the_pca_basis_its_start_learned_and_so_
         fit_pca.run(config.parse(fit_pca.FitPCAParams, {**values, "basis_from": "nowhere"}))
 
 
+def test_a_warm_start_in_its_start_s_basis_keeps_its_head_so_step_0_is_the_model_it_replaces(prepared, tmp_path):
+    """In the same space the head is kept (training starts from, and selection can fall back to, the promoted
+    student itself); in another basis the head is fitted again by ``init``."""
+    values = {"store": prepared["store"], "teacher": prepared["teacher"], "k": 8, "partitions": [NEW]}
+    fit_pca.run(config.parse(fit_pca.FitPCAParams, {**values, "name": "k8-kept", "basis_from": "tiny"}))  # or skipped
+    kept = distill_tiny(prepared, "kept-head", max_steps=1, pca_name="k8-kept", warm_start="tiny", lr=1e-9)
+    refitted = _warm_started(prepared, "refitted-head", warm_start="tiny", lr=1e-9)
+    assert kept.stats["init"] == {"init": "warm_start"}
+    assert refitted.stats["init"]["init"] == "ridge"
+
+    def head(run: str) -> np.ndarray:
+        from tasks.ml import student
+
+        folder = student.fetch_exported(prepared["store"], run, tmp_path / run)
+        return SentenceEncoder.load(str(folder)).dense.linear.weight.detach().numpy()
+
+    assert np.allclose(head("kept-head"), head("tiny"), atol=1e-5)
+    assert not np.allclose(head("refitted-head"), head("tiny"), atol=1e-3)
+
+
 def test_a_promoted_successor_in_the_same_space_re_encodes_the_corpus_as_the_measured_verdict_says(prepared):
     """Keeping old segments beside a new student's queries would need them to find 0.97 of what a re-encode finds;
     the steady-state benchmark measured far less after a warm-started retrain that kept its basis, so a new

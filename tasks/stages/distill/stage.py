@@ -6,7 +6,7 @@ import logging
 import tempfile
 from pathlib import Path
 
-from tasks.core import catalog, learned, manifest, partitions, promoted
+from tasks.core import catalog, learned, manifest, partitions, promoted, spaces
 from tasks.core.catalog import Stage
 from tasks.ml import student
 from tasks.stages import tracking
@@ -76,6 +76,16 @@ def _warm_start(params: DistillParams) -> manifest.Manifest | None:
     return found
 
 
+def _keeps_head(params: DistillParams, warm: manifest.Manifest | None) -> bool:
+    """Whether a warm start keeps its Dense head: when it learned the same PCA basis (the same space: a retrain
+    on ``fit-pca --basis-from`` targets) through the same activation, so that the run's step 0 is the very model
+    it starts from, and selection can export nothing worse on the dev sets."""
+    if warm is None or warm.params.get("activation", "tanh") != params.activation:
+        return False
+    basis = pca_basis(params.store, params.teacher, params.pca_name)
+    return spaces.of(params.store, warm) == f"pca:{basis.sha256}"
+
+
 def _trained(
     params: DistillParams,
     stage_run: manifest.StageRun,
@@ -95,7 +105,7 @@ def _trained(
         torch.set_num_threads(params.threads)
     device = select_device(params.device, dist)
     spec = params.student if warm is None else str(student.fetch_published(warm, scratch))
-    trainer = Trainer(params, data, device, dist, stage_run.fingerprint, spec)
+    trainer = Trainer(params, data, device, dist, stage_run.fingerprint, spec, _keeps_head(params, warm))
     with stage_run.phase("train"):
         init_record = trainer.restore_or_initialise(force)
         trainer.train(progress)

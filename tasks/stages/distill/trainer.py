@@ -45,13 +45,22 @@ class Trainer:
     optimisation, state, kept weights and checkpoints."""
 
     def __init__(
-        self, params: DistillParams, data: TrainingData, device: str, dist: Distributed, fingerprint: str, spec=""
+        self,
+        params: DistillParams,
+        data: TrainingData,
+        device: str,
+        dist: Distributed,
+        fingerprint: str,
+        spec: str = "",
+        keep_head: bool = False,
     ) -> None:
-        """``spec``: the model to start from (default: ``params.student``; a warm start's downloaded folder)."""
+        """``spec``: the model to start from (default: ``params.student``; a warm start's downloaded folder);
+        ``keep_head``: start from its Dense head too (a warm start in the same PCA basis), not ``params.init``."""
         self.params, self.data, self.dist = params, data, dist
         self.plan = TrainingPlan.of(params, data.train_rows, device, dist.world)
         seed_everything(params.seed)
-        self.model = _build_student(params, spec or params.student, data.dim, device)
+        self.keep_head = keep_head
+        self.model = _build_student(params, spec or params.student, data.dim, device, keep_head)
         self.view = student.as_sentence_transformer(self.model)
         self.evaluator = FidelityEvaluator(data, params.select_on)
         self.optim = Optimization(self.model, params, self.plan.total_steps)
@@ -72,16 +81,25 @@ class Trainer:
             self._restore(uri, payload)
             self.init_record = pointer.get("init", {})
             return {**self.init_record, "resumed_from_step": self.state.step}
-        first = next(self.data.batches(Position(), min(self.params.init_rows, self.data.train_rows)))
-        self.init_record = student.initialise_head(
-            self.model, self.params.init, first.texts, first.targets, self.params.activation, self.params.ridge_alpha
-        )
+        self.init_record = self._initialise_head()
         initial = self.evaluator.evaluate(self.view, 0)  # training must beat the initial weights
         self.state.record_eval(initial, None, self.params.select_on)
         self.kept.keep_best()
         self.kept.keep_initial()
-        self.run_log.scores(f"head initialised ({self.params.init}) on {len(first.texts)} rows; at", initial)
+        rows = f" on {self.init_record['rows']} rows" if "rows" in self.init_record else ""
+        how = "kept from the warm start" if self.keep_head else f"initialised ({self.params.init}){rows}"
+        self.run_log.scores(f"head {how}; at", initial)
         return self.init_record
+
+    def _initialise_head(self) -> dict[str, Any]:
+        """The head's record: kept from the warm start (its step 0 is the model it starts from), or fitted by
+        ``params.init`` on a first batch of up to ``init_rows`` rows."""
+        if self.keep_head:
+            return {"init": "warm_start"}
+        first = next(self.data.batches(Position(), min(self.params.init_rows, self.data.train_rows)))
+        return student.initialise_head(
+            self.model, self.params.init, first.texts, first.targets, self.params.activation, self.params.ridge_alpha
+        )
 
     def train(self, progress: bool) -> None:
         """Train until the step budget is spent or early stopping; then load the weights to export."""
@@ -165,9 +183,11 @@ def _latest_checkpoint(checkpoints: Checkpoints) -> tuple[dict[str, Any], str, d
         raise DistillError(f"{exc}; rerun with --force to start over") from None
 
 
-def _build_student(params: DistillParams, spec: str, dim: int, device: str) -> Any:
+def _build_student(params: DistillParams, spec: str, dim: int, device: str, keep_head: bool) -> Any:
     model = student.build(
         spec, dim, params.activation, params.student_layers, params.max_seq_length, params.dropout, device
     )
+    if keep_head:
+        student.keep_head(model, spec)
     student.freeze(model, params.freeze_layers, spec)
     return model
