@@ -166,10 +166,11 @@ class DistillParams(StageParams):
         0.0, ge=0, description="weight of an in-batch similarity term: MSE of the pairwise cosine matrices"
     )
     relation_weight: float = Field(
-        0.0,
+        1.0,
         ge=0,
         description="weight of an in-batch neighbourhood term: KL divergence from the targets' to the student's "
-        "softmax over each row's cosine similarities to the batch's other rows",
+        "softmax over each row's cosine similarities to the micro-batch's other rows (so with grad_accum or DDP "
+        "it is not one process's whole-batch term; 0: the step's gradient is the same however the batch is split)",
     )
     relation_temperature: float = Field(
         0.05, gt=0, description="temperature of the neighbourhood term's softmax (lower: sharper neighbourhoods)"

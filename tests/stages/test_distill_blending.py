@@ -269,7 +269,7 @@ def test_every_process_exports_the_leaders_choice(prepared):
 
 
 def test_two_process_ddp_blends_as_one_process_does(prepared, warm_hpd):
-    common = {"max_steps": 6, "eval_every": 3, "dropout": 0.0, "init": "ridge", "grad_accum": 2}
+    common = {"max_steps": 6, "eval_every": 3, "dropout": 0.0, "init": "ridge", "grad_accum": 2, "relation_weight": 0.0}
     single = distill.run(_params(prepared, name="blend-single", **common))
     values = _values(prepared, name="blend-ddp", **common)
     out = _torchrun(warm_hpd, values, "--blend-initial", *map(str, FRACTIONS), "--quiet")

@@ -35,7 +35,9 @@ def prepared(tmp_path_factory):
 
 
 def _params(prepared, **extra):
-    return config.parse(distill.DistillParams, _values(prepared, **{"eval_every": 3, "init": "random", **extra}))
+    """The terms are tested one at a time: each is off (the neighbourhood term too) unless ``extra`` turns it on."""
+    values = {"eval_every": 3, "init": "random", "relation_weight": 0.0, **extra}
+    return config.parse(distill.DistillParams, _values(prepared, **values))
 
 
 def _trainer(prepared, **extra):
@@ -75,11 +77,15 @@ def _hpd_gradient(trainer, texts, targets, micro_batches=1):
     return trainer.model.dense.linear.weight.grad.clone(), loss.take()
 
 
-@pytest.mark.parametrize("extra", [{}, {"cosine_weight": 1.0, "structure_weight": 0.5}], ids=["mse", "with-extras"])
+@pytest.mark.parametrize(
+    "extra",
+    [{}, {"cosine_weight": 1.0, "structure_weight": 0.5, "relation_weight": 1.0}],
+    ids=["mse", "with-extras"],
+)
 def test_the_loss_gradient_is_that_of_the_global_batch(prepared, extra):
     """Two micro-batches of 8 give the gradient the loop this replaced took on the batch of 16: the squared
-    error summed over the batch, over k and the batch's size, plus the extra terms over the size (in-batch
-    structure: within each micro-batch)."""
+    error summed over the batch, over k and the batch's size, plus the extra terms over the size (the in-batch
+    structure and neighbourhood terms: within each micro-batch)."""
     trainer = _trainer(prepared, dropout=0.0, **extra)
     batch = next(trainer.data.batches(trainer.state.position, 16))
     gradient, (squared_error, rows) = _hpd_gradient(trainer, batch.texts, batch.targets, micro_batches=2)
