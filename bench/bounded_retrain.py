@@ -1,14 +1,16 @@
 """A bounded retrain: warm-started from the promoted student against trained from the base model, same data, budget.
 
 The packaged models through the stages, with the stages' recipe (targets from the two-teacher composite
-all-mpnet-base-v2+all-MiniLM-L6-v2, student all-MiniLM-L6-v2, weights chosen on the STS dev sets among the
-checkpoints and blends with the initial weights), on a store under ``var/bench/bounded_retrain``: ``DAY_ROWS``
-distinct corpus sentences a day for ``len(OLD)`` older days and one new day, staged and encoded by the teacher.
+all-mpnet-base-v2+all-MiniLM-L6-v2, student all-MiniLM-L6-v2, MSE plus the in-batch neighbourhood KL, weights
+chosen on the STS dev sets among the checkpoints and blends with the initial weights), on a store under
+``var/bench/bounded_retrain``: ``DAY_ROWS`` distinct corpus sentences a day for ``len(OLD)`` older days and one
+new day, staged and encoded by the teacher.
 The promoted model learned the older days (PCA-128 over them, then ``PROMOTED_STEPS`` steps from the base model).
 The retrain learns what the policy selects (:func:`tasks.orchestration.day_plan.training_partitions` with
 ``max_train_rows`` = ``BUDGET``: the new day and a replay sample of the older ones) for ``RETRAIN_STEPS`` steps
 of the same batch and seed, as ``hpd_retrain`` would: warm-started from the promoted student on targets in the
-PCA basis it learned (``basis_from``), and, to compare, from the base model on a PCA fitted on the selection.
+PCA basis it learned (``basis_from``), so that it keeps that student's head too (its step 0 is the promoted
+student), and, to compare, from the base model on a PCA fitted on the selection.
 Scored on STS-B and SICK-R test (Spearman x100 of cosine similarity) beside the same-size baseline (MiniLM-L6
 without distillation, its 384-d embeddings reduced to 128-d by a PCA fitted on the training sentences).
 """
@@ -76,6 +78,9 @@ def trained(name: str, pca_name: str, steps: int, **settings: Any) -> dict[str, 
         "steps": published.stats["steps"],
         "train_rows": published.stats["train_rows"],
         "train_seconds": round(published.document["timings_s"]["train"], 1),
+        "head": published.stats["init"]["init"],
+        "best_step": published.stats["best_step"],
+        "exported_blend": published.stats["exported"].get("blend"),
         "exported_val_cosine": published.stats["exported"]["val_cosine"],
         "scores": _scores(_student_encoder(name)),
     }
