@@ -18,6 +18,7 @@ without distillation, its 384-d embeddings reduced to 128-d by a PCA fitted on t
 from __future__ import annotations
 
 import gzip
+import json
 import os
 import time
 from datetime import date, timedelta
@@ -49,6 +50,7 @@ TRAINING: dict[str, Any] = {
     "threads": THREADS,
     "eval_every": 20,
     "seed": 0,
+    "relation_weight": 1.0,  # the stage's default, recorded
 }
 SETS = {"STS-B test": sts.stsb_test, "SICK-R test": sts.sick_r_test}
 
@@ -79,11 +81,19 @@ def trained(name: str, pca_name: str, steps: int, **settings: Any) -> dict[str, 
         "train_rows": published.stats["train_rows"],
         "train_seconds": round(published.document["timings_s"]["train"], 1),
         "head": published.stats["init"]["init"],
+        "sts_dev_by_step": _sts_dev_by_step(published),
         "best_step": published.stats["best_step"],
         "exported_blend": published.stats["exported"].get("blend"),
         "exported_val_cosine": published.stats["exported"]["val_cosine"],
         "scores": _scores(_student_encoder(name)),
     }
+
+
+def _sts_dev_by_step(published: manifest.Manifest) -> dict[int, float]:
+    """The mean STS dev score of each evaluation of a distill run (step 0: the weights it started from)."""
+    metrics = next(o for o in published.outputs if o.uri.endswith("/metrics.json"))
+    evals = json.loads(storage.read_bytes(metrics.uri, sha256=metrics.sha256))["evals"]
+    return {e["step"]: e["sts_dev"] for e in evals if "sts_dev" in e}
 
 
 def _fit(name: str, days: list[date], basis_from: str | None = None) -> None:

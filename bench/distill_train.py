@@ -89,6 +89,7 @@ def _params(store: str, teacher: str, amp: str, grouped: bool) -> distill.Distil
             "pca_name": PCA,
             "batch_size": BATCH,
             "init": "random",
+            "relation_weight": 0.0,  # the MSE alone, as sentence-transformers' MSELoss
             "amp": amp,
             "device": "cpu",
             "threads": THREADS,

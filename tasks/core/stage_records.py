@@ -1,5 +1,6 @@
-"""Typed records of what the validate and drift stages publish and the rest of the pipeline reads: the STS table,
-the retrieval checks, the quality gate's verdict with its rules, and a drift score.
+"""Typed records of what the distill, validate and drift stages publish and the rest of the pipeline reads: whether a
+retrain exports its start's weights, the STS table, the retrieval checks, the quality gate's verdict with its rules,
+and a drift score.
 
 A record is parsed once where a manifest's stats are read (``GateVerdict.model_validate(stats["gate"])``) and
 written with ``model_dump()``: the published names, in the published order, the values as they are (NaN
@@ -85,6 +86,13 @@ class GateVerdict(Record):
     reference: str
     reference_scores: dict[str, float]
     rules: list[GateRule] = []
+
+
+class DistillOutcome(Record):
+    """What the pipeline reads of a distill manifest's stats before validating it: whether the run exports its warm
+    start's own weights (no trained checkpoint or blend beat them on the dev sets; False for a run from before)."""
+
+    exports_its_start: bool = False
 
 
 class ValidateStats(Record):

@@ -6,6 +6,7 @@ Three initialisations of the head, which matter most at small training budgets:
   the spread of the matching target dimension (so tanh is not saturated);
 - ``ridge``: the closed-form ridge regression from the pooled embeddings to the targets
   (through atanh when the activation is tanh), fitted on a sample of the training set.
+A warm start in its start's PCA basis keeps that student's own head instead (:func:`keep_head`).
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from tasks.core.catalog import Stage
 from tasks.core.config import StageParams
 from tasks.core.manifest import StageResult
 from tasks.core.reports import DATA_DOCS_INDEX, VALIDATED_CARD, VALIDATION_REPORT
-from tasks.core.stage_records import ValidateStats
+from tasks.core.stage_records import DistillOutcome, ValidateStats
 from tasks.orchestration import assets
 from tasks.orchestration.defaults import CARD_XCOM, DATA_DOCS_XCOM, PLAN_XCOM, REPORT_XCOM
 from tasks.orchestration.run_records import (
@@ -207,6 +207,7 @@ def validate(context: dict, model_run: str) -> dict[str, Any]:
     """The validate stage on ``model_run`` with the run's gate params; its verdict (a failed gate raises). Passed or
     not, the report's URI is logged and pushed as XCom ``validation_report``: the task's ``Validation report`` link."""
     params = run_params(context)
+    _skip_a_retrain_that_kept_its_start(store_of(params), model_run)
     gate = pick(params, "min_stsb", "min_sickr", "max_regression", "max_dev_regression")
     values = {"model_run": model_run, **gate}
     result = run_stage(Stage.VALIDATE, stage_params(Stage.VALIDATE, values, params))
@@ -214,6 +215,18 @@ def validate(context: dict, model_run: str) -> dict[str, Any]:
     push(context, {REPORT_XCOM: report, CARD_XCOM: output_uri(result, VALIDATED_CARD)})
     log.info("validation report of %s: %s", model_run, report)
     return gate_verdict(result).model_dump()
+
+
+def _skip_a_retrain_that_kept_its_start(store: str, model_run: str) -> None:
+    """An :class:`AirflowSkipException` (validation and promotion skipped, the run green) when the distill run
+    exports the promoted student it was warm-started from, unchanged: promoting it would re-encode the corpus for
+    nothing, and the partitions it read stay unlearned for the next retrain."""
+    distilled = manifest.read(store, Stage.DISTILL, model_run)
+    if distilled is not None and DistillOutcome.parse(distilled.stats, distilled.key).exports_its_start:
+        raise AirflowSkipException(
+            f"distill run {model_run} exports the weights it was warm-started from (no trained checkpoint or blend "
+            "beat them on the dev sets): nothing new to validate or promote"
+        )
 
 
 def output_uri(result: StageResult, name: str) -> str | None:

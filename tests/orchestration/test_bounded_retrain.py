@@ -5,15 +5,17 @@ import json
 
 import numpy as np
 import pytest
+from airflow.sdk.exceptions import AirflowSkipException
 
 from tasks.core import catalog, config, learned, manifest, partitions, promoted, spaces
 from tasks.core.catalog import Stage
 from tasks.ml.encoder import SentenceEncoder
 from tasks.ml.projection import PCAError
-from tasks.orchestration import day_plan
+from tasks.orchestration import day_plan, runtime
 from tasks.orchestration.run_records import RetrainParams
 from tasks.stages import build_index, fit_pca
 from tasks.stages.distill.errors import DistillError
+from tasks.stages.distill.evaluation import Evaluation, FidelityEvaluator
 from tests.support.paths import REPO
 from tests.support.policy_store import LATER, NEW, TRAINED, TRAINED_ROWS, promoted_store, stage_new_partition
 from tests.support.projected_store import distill_tiny
@@ -145,6 +147,20 @@ def test_a_warm_start_in_its_start_s_basis_keeps_its_head_so_step_0_is_the_model
 
     assert np.allclose(head("kept-head"), head("tiny"), atol=1e-5)
     assert not np.allclose(head("refitted-head"), head("tiny"), atol=1e-3)
+
+
+def test_a_retrain_that_exports_its_start_unchanged_is_neither_validated_nor_promoted(prepared, monkeypatch):
+    """Every trained step scores worse than step 0 here: kept in its start's basis, the run exports its start's own
+    weights, and hpd_retrain's validate task skips (promoting them would re-encode the corpus for nothing)."""
+    monkeypatch.setattr(FidelityEvaluator, "evaluate", lambda self, model, step: Evaluation(step, 1.0 + step, 0.0))
+    values = {"store": prepared["store"], "teacher": prepared["teacher"], "k": 8, "partitions": [NEW]}
+    fit_pca.run(config.parse(fit_pca.FitPCAParams, {**values, "name": "k8-kept", "basis_from": "tiny"}))  # or skipped
+    kept = distill_tiny(prepared, "unchanged", max_steps=2, pca_name="k8-kept", warm_start="tiny")
+    refitted = _warm_started(prepared, "refitted-unchanged", warm_start="tiny")
+    assert (kept.stats["best_step"], kept.stats["exports_its_start"]) == (0, True)
+    assert (refitted.stats["best_step"], refitted.stats["exports_its_start"]) == (0, False)  # another head
+    with pytest.raises(AirflowSkipException, match="distill run unchanged exports the weights it was warm-started"):
+        runtime.validate({"params": {"store": prepared["store"]}}, "unchanged")
 
 
 def test_a_promoted_successor_in_the_same_space_re_encodes_the_corpus_as_the_measured_verdict_says(prepared):

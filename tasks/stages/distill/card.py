@@ -67,7 +67,7 @@ class Scores:
         if math.isfinite(found.val_cosine):
             measured.append(("validation", "cosine", "mean cosine", found.val_cosine))
         if self.training_loss is not None:
-            loss_name = f"training loss (mean of the last {LOSS_WINDOW} steps)"
+            loss_name = f"training MSE (mean of the last {LOSS_WINDOW} steps)"
             measured.append(("train", "loss", loss_name, self.training_loss))
         results = [
             EvalResult(
@@ -194,7 +194,7 @@ def training_lines(trainer: Trainer, stage_run: manifest.StageRun, scores: Score
         f"- head initialisation: {init_note(trainer.init_record)}",
     ]
     if scores.training_loss is not None:
-        lines.append(f"- training loss, mean of the last {LOSS_WINDOW} steps: {scores.training_loss:.3g}")
+        lines.append(f"- training MSE, mean of the last {LOSS_WINDOW} steps: {scores.training_loss:.3g}")
     if took is not None:
         processes = "1 process" if trainer.dist.world == 1 else f"{trainer.dist.world} processes"
         lines.append(f"- training took {format_duration(took)} on {processes}")
@@ -203,7 +203,12 @@ def training_lines(trainer: Trainer, stage_run: manifest.StageRun, scores: Score
 
 def init_note(record: dict[str, Any]) -> str:
     """The head initialisation record in words."""
-    how = {"ridge": "ridge regression", "pca": "principal components", "random": "random"}
+    how = {
+        "ridge": "ridge regression",
+        "pca": "principal components",
+        "random": "random",
+        "warm_start": "kept from the warm start (step 0 is that student)",
+    }
     init = str(record.get("init", "random"))
     note = how.get(init, init)
     if rows := record.get("rows"):

@@ -33,9 +33,17 @@ def run_summary(trainer: Trainer, init_record: dict[str, Any]) -> dict[str, Any]
         "exported": trainer.exported,
         "stopped_early": state.stopped_early,
         "init": init_record,
+        "exports_its_start": exports_its_start(trainer),
         "amp": trainer.plan.amp,
         "world_size": trainer.dist.world,
     }
+
+
+def exports_its_start(trainer: Trainer) -> bool:
+    """Whether the exported weights are the warm start's own: its head was kept, and neither a trained checkpoint
+    nor a blend beat step 0 (a retrain with nothing better to promote)."""
+    exported = trainer.exported or {}
+    return trainer.keep_head and trainer.state.best_step == 0 and exported.get("blend") is None
 
 
 def files(trainer: Trainer, stage_run: manifest.StageRun, summary: dict[str, Any]) -> dict[str, bytes]:

@@ -15,8 +15,9 @@ class HPDLoss(torch.nn.Module):
     """The loss of one micro-batch of ``n`` rows: its summed squared error over ``n * k`` plus the extra terms
     over ``n``. The trainer divides it by the micro-batches of a step and DDP averages it over the processes,
     so a step's gradient is that of the squared error summed over the global batch, over its size (plus the
-    extra terms, likewise). Records the summed squared error and the rows it covers (``squared_error``,
-    ``rows``) for the logged loss, which is the MSE alone; :meth:`take` reads and clears them."""
+    extra terms, each computed within its micro-batch). Records the summed squared error and the rows it covers
+    (``squared_error``, ``rows``) for the logged loss, which is the MSE alone; :meth:`take` reads and clears
+    them."""
 
     def __init__(self, model: Any, params: DistillParams) -> None:
         super().__init__()

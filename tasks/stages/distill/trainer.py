@@ -1,8 +1,9 @@
 """A training run: the student learns to reproduce the projected teacher embeddings (HPD).
 
 sentence-transformers' trainer owns the loop (:mod:`.st_trainer`); the run hands it what is its own: the
-student, the loss (:mod:`.objective`: MSE between the student's Dense(k) output and the targets, optionally
-plus a (1 - cosine) term and an in-batch similarity-structure term), AdamW with linear warmup and decay
+student, the loss (:mod:`.objective`: MSE between the student's Dense(k) output and the targets plus, by
+default, an in-batch neighbourhood KL term, optionally a (1 - cosine) and an in-batch similarity-structure
+term), AdamW with linear warmup and decay
 (:mod:`.optimization`), the batch order (:mod:`.sampler`), an evaluator (:mod:`.evaluation`: validation MSE
 and mean cosine, and the STS-B dev score when selecting on it) that the trainer runs every ``eval_every``
 steps, and callbacks (:mod:`.callbacks`) that record the losses and progress, keep the best weights by
@@ -11,7 +12,8 @@ steps, and callbacks (:mod:`.callbacks`) that record the losses and progress, ke
 states; the trainer skips the rows already trained). Gradient accumulation, clipping, AMP (bf16 autocasts the
 whole forward pass; fp16 on CUDA with the accelerator's gradient scaler) and DDP are the trainer's. A step's
 gradient is that of the squared error summed over the global batch, over its size, so N processes compute the
-same gradient as one; under DDP an epoch trains only whole rounds of full micro-batches (:mod:`.plan`).
+same gradient as one (the in-batch terms are each micro-batch's: equal only with them off); under DDP an epoch
+trains only whole rounds of full micro-batches (:mod:`.plan`).
 With ``blend_initial``, blends of the initial and final weights may be exported instead (:mod:`.blending`).
 """
 
@@ -54,8 +56,7 @@ class Trainer:
         spec: str = "",
         keep_head: bool = False,
     ) -> None:
-        """``spec``: the model to start from (default: ``params.student``; a warm start's downloaded folder);
-        ``keep_head``: start from its Dense head too (a warm start in the same PCA basis), not ``params.init``."""
+        """``spec``: the model to start from (default: ``params.student``); ``keep_head``: its head too."""
         self.params, self.data, self.dist = params, data, dist
         self.plan = TrainingPlan.of(params, data.train_rows, device, dist.world)
         seed_everything(params.seed)
@@ -81,25 +82,13 @@ class Trainer:
             self._restore(uri, payload)
             self.init_record = pointer.get("init", {})
             return {**self.init_record, "resumed_from_step": self.state.step}
-        self.init_record = self._initialise_head()
+        self.init_record = _initial_head(self.model, self.params, self.data, self.keep_head)
         initial = self.evaluator.evaluate(self.view, 0)  # training must beat the initial weights
         self.state.record_eval(initial, None, self.params.select_on)
         self.kept.keep_best()
         self.kept.keep_initial()
-        rows = f" on {self.init_record['rows']} rows" if "rows" in self.init_record else ""
-        how = "kept from the warm start" if self.keep_head else f"initialised ({self.params.init}){rows}"
-        self.run_log.scores(f"head {how}; at", initial)
+        self.run_log.scores(f"head {_described(self.init_record)}; at", initial)
         return self.init_record
-
-    def _initialise_head(self) -> dict[str, Any]:
-        """The head's record: kept from the warm start (its step 0 is the model it starts from), or fitted by
-        ``params.init`` on a first batch of up to ``init_rows`` rows."""
-        if self.keep_head:
-            return {"init": "warm_start"}
-        first = next(self.data.batches(Position(), min(self.params.init_rows, self.data.train_rows)))
-        return student.initialise_head(
-            self.model, self.params.init, first.texts, first.targets, self.params.activation, self.params.ridge_alpha
-        )
 
     def train(self, progress: bool) -> None:
         """Train until the step budget is spent or early stopping; then load the weights to export."""
@@ -181,6 +170,24 @@ def _latest_checkpoint(checkpoints: Checkpoints) -> tuple[dict[str, Any], str, d
         return checkpoints.resume()
     except CheckpointError as exc:
         raise DistillError(f"{exc}; rerun with --force to start over") from None
+
+
+def _initial_head(model: Any, params: DistillParams, data: TrainingData, keep_head: bool) -> dict[str, Any]:
+    """The head's record: kept from the warm start (step 0 is then the model it starts from), or fitted by
+    ``params.init`` on a first batch of up to ``init_rows`` rows."""
+    if keep_head:
+        return {"init": "warm_start"}
+    first = next(data.batches(Position(), min(params.init_rows, data.train_rows)))
+    return student.initialise_head(
+        model, params.init, first.texts, first.targets, params.activation, params.ridge_alpha
+    )
+
+
+def _described(record: dict[str, Any]) -> str:
+    if record.get("init") == "warm_start":
+        return "kept from the warm start"
+    rows = record.get("rows")
+    return f"initialised ({record.get('init')})" + (f" on {rows} rows" if rows else "")
 
 
 def _build_student(params: DistillParams, spec: str, dim: int, device: str, keep_head: bool) -> Any:
