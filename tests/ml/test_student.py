@@ -123,3 +123,24 @@ def test_the_sentence_transformer_view_is_the_student(tmp_path, activation):
     with torch.no_grad():
         encoder.dense.linear.bias.add_(1.0)  # a change to the student shows through the view
     np.testing.assert_array_equal(view.encode(texts, convert_to_numpy=True), encoder.encode(texts))
+
+
+def test_a_kept_head_is_the_folder_s_own_and_must_be_the_head_asked_for(tmp_path):
+    """A warm start's head is kept as saved; a folder without one, or one of another size or activation, is refused
+    naming the folder."""
+    from tests.support.tiny_models import build_sentence_model
+
+    bare = str(build_sentence_model(tmp_path / "bare", layers=1, normalize=False))
+    saved = student.build(bare, 8, "tanh")
+    with torch.no_grad():
+        saved.dense.linear.weight.fill_(0.5)
+    saved.save(tmp_path / "trained")
+    trained = str(tmp_path / "trained")
+    kept = student.build(trained, 8, "tanh")
+    student.keep_head(kept, trained)
+    assert torch.equal(kept.dense.linear.weight, saved.dense.linear.weight)
+    with pytest.raises(StudentError, match=f"student '{re.escape(bare)}' has no Dense head to keep"):
+        student.keep_head(student.build(bare, 8, "tanh"), bare)
+    for k, activation in ((4, "tanh"), (8, "identity")):
+        with pytest.raises(StudentError, match="its Dense head is not the .* head asked for"):
+            student.keep_head(student.build(trained, k, activation), trained)
