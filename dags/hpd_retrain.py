@@ -21,7 +21,8 @@ it (STS, fidelity, retrieval, quality gate, HTML report). A failed gate fails th
 reasons, scores and report in the log and the alert) and promotes nothing; a passing student becomes
 `models/current.json` and an `hpd_promoted_model` event (store, model run, scores, report) schedules
 `hpd_index`. Either way the `validate` task's **Validation report** and **Model card** links open them (the
-Airflow plugin serving the store's reports), and its `validation_report` XCom holds the report's URI.
+Airflow plugin serving the store's reports), and its `validation_report` XCom holds the report's URI. A
+warm-started student that exports the promoted one unchanged skips `validate`: the run is green, nothing promoted.
 Errors another try cannot mend (bad params, bad input, a failed check) fail their task on the first try;
 the others (the store unreachable, a lost race) are retried twice.
 The logic lives in `tasks/`; this file only wires it. Params come from the stages' own parameter

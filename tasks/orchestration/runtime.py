@@ -204,8 +204,9 @@ def distill(context: dict, plan: dict[str, Any], pca_name: str) -> str:
 
 
 def validate(context: dict, model_run: str) -> dict[str, Any]:
-    """The validate stage on ``model_run`` with the run's gate params; its verdict (a failed gate raises). Passed or
-    not, the report's URI is logged and pushed as XCom ``validation_report``: the task's ``Validation report`` link."""
+    """The validate stage on ``model_run`` with the run's gate params; its verdict (a failed gate raises; a run that
+    exports its warm start unchanged skips). Passed or not, the report's URI is logged and pushed as XCom
+    ``validation_report``: the task's ``Validation report`` link."""
     params = run_params(context)
     _skip_a_retrain_that_kept_its_start(store_of(params), model_run)
     gate = pick(params, "min_stsb", "min_sickr", "max_regression", "max_dev_regression")
@@ -225,7 +226,7 @@ def _skip_a_retrain_that_kept_its_start(store: str, model_run: str) -> None:
     if distilled is not None and DistillOutcome.parse(distilled.stats, distilled.key).exports_its_start:
         raise AirflowSkipException(
             f"distill run {model_run} exports the weights it was warm-started from (no trained checkpoint or blend "
-            "beat them on the dev sets): nothing new to validate or promote"
+            "scored above them where runs are selected): nothing new to validate or promote"
         )
 
 

@@ -40,10 +40,10 @@ def run_summary(trainer: Trainer, init_record: dict[str, Any]) -> dict[str, Any]
 
 
 def exports_its_start(trainer: Trainer) -> bool:
-    """Whether the exported weights are the warm start's own: its head was kept, and neither a trained checkpoint
-    nor a blend beat step 0 (a retrain with nothing better to promote)."""
-    exported = trainer.exported or {}
-    return trainer.keep_head and trainer.state.best_step == 0 and exported.get("blend") is None
+    """Whether the exported weights are the warm start's own: its head was kept, and no trained checkpoint or blend
+    scored above step 0 (a retrain with nothing better to promote)."""
+    exported, head = trainer.exported or {}, trainer.init_record.get("init")  # as step 0 was (a resumed run's too)
+    return head == "warm_start" and trainer.state.best_step == 0 and exported.get("blend") is None
 
 
 def files(trainer: Trainer, stage_run: manifest.StageRun, summary: dict[str, Any]) -> dict[str, bytes]:

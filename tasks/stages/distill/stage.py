@@ -78,11 +78,13 @@ def _warm_start(params: DistillParams) -> manifest.Manifest | None:
 
 def _keeps_head(params: DistillParams, warm: manifest.Manifest | None) -> bool:
     """Whether a warm start keeps its Dense head: when it learned the same teacher's targets in the same PCA basis
-    (the same space: a retrain on ``fit-pca --basis-from`` targets) through the same activation and layers, so that
-    the run's step 0 is the very model it starts from, and selection can export nothing worse on the dev sets."""
+    (the same space: a retrain on ``fit-pca --basis-from`` targets) through the same activation, layers and
+    sequence length, so that the run's step 0 is the very model it starts from, and selection can export nothing
+    worse on the dev sets."""
     if warm is None:
         return False
-    same = {name: warm.params.get(name) == getattr(params, name) for name in ("teacher", "activation")}
+    names = ("teacher", "activation", "max_seq_length")
+    same = {name: warm.params.get(name) == getattr(params, name) for name in names}
     layers = params.student_layers in (None, warm.params.get("student_layers"))  # no cut below what it was
     basis = pca_basis(params.store, params.teacher, params.pca_name)
     return all(same.values()) and layers and spaces.of(params.store, warm) == f"pca:{basis.sha256}"
