@@ -224,3 +224,22 @@ def local_files(outputs: list[str], folder: str, into: Path) -> list[tuple[str, 
             raise StudentError(f"{uri}: would be written to {path}, outside the download folder {root}")
         files.append((inside, path))
     return files
+
+
+def head_note(record: dict[str, Any]) -> str:
+    """The head initialisation record in words."""
+    how = {
+        "ridge": "ridge regression",
+        "pca": "principal components",
+        "random": "random",
+        "warm_start": "kept from the warm start (step 0 is that student)",
+    }
+    init = str(record.get("init", "random"))
+    note = how.get(init, init)
+    if rows := record.get("rows"):
+        note += f" fitted on {rows:,} training rows"
+    if (alpha := record.get("ridge_alpha")) is not None:
+        note += f" (alpha {alpha:g})"
+    if (step := record.get("resumed_from_step")) is not None:
+        note += f"; resumed from the checkpoint of step {step:,}"
+    return note

@@ -18,7 +18,7 @@ from typing import Any
 
 from tasks.core import catalog, manifest
 from tasks.core.progress import format_duration
-from tasks.ml import models, teachers
+from tasks.ml import models, student, teachers
 from tasks.ml.onnx_encoder import OnnxExport
 from tasks.stages.distill.evaluation import Evaluation
 from tasks.stages.distill.trainer import Trainer
@@ -191,7 +191,7 @@ def training_lines(trainer: Trainer, stage_run: manifest.StageRun, scores: Score
         f" {state.best_step:,}",
         f"- {data.train_rows:,} training rows and {len(data.val_texts):,} held-out validation rows,"
         f" from the partitions {', '.join(learned) or 'none'}",
-        f"- head initialisation: {init_note(trainer.init_record)}",
+        f"- head initialisation: {student.head_note(trainer.init_record)}",
     ]
     if scores.training_loss is not None:
         lines.append(f"- training MSE, mean of the last {LOSS_WINDOW} steps: {scores.training_loss:.3g}")
@@ -199,25 +199,6 @@ def training_lines(trainer: Trainer, stage_run: manifest.StageRun, scores: Score
         processes = "1 process" if trainer.dist.world == 1 else f"{trainer.dist.world} processes"
         lines.append(f"- training took {format_duration(took)} on {processes}")
     return "\n".join(lines)
-
-
-def init_note(record: dict[str, Any]) -> str:
-    """The head initialisation record in words."""
-    how = {
-        "ridge": "ridge regression",
-        "pca": "principal components",
-        "random": "random",
-        "warm_start": "kept from the warm start (step 0 is that student)",
-    }
-    init = str(record.get("init", "random"))
-    note = how.get(init, init)
-    if rows := record.get("rows"):
-        note += f" fitted on {rows:,} training rows"
-    if (alpha := record.get("ridge_alpha")) is not None:
-        note += f" (alpha {alpha:g})"
-    if (step := record.get("resumed_from_step")) is not None:
-        note += f"; resumed from the checkpoint of step {step:,}"
-    return note
 
 
 def parameter_table(params: DistillParams) -> str:

@@ -83,11 +83,10 @@ def _keeps_head(params: DistillParams, warm: manifest.Manifest | None) -> bool:
     worse on the dev sets."""
     if warm is None:
         return False
-    names = ("teacher", "activation", "max_seq_length")
-    same = {name: warm.params.get(name) == getattr(params, name) for name in names}
+    same = all(warm.params.get(name) == getattr(params, name) for name in ("teacher", "activation", "max_seq_length"))
     layers = params.student_layers in (None, warm.params.get("student_layers"))  # no cut below what it was
     basis = pca_basis(params.store, params.teacher, params.pca_name)
-    return all(same.values()) and layers and spaces.of(params.store, warm) == f"pca:{basis.sha256}"
+    return same and layers and spaces.of(params.store, warm) == f"pca:{basis.sha256}"
 
 
 def _trained(

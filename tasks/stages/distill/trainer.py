@@ -87,7 +87,7 @@ class Trainer:
         self.state.record_eval(initial, None, self.params.select_on)
         self.kept.keep_best()
         self.kept.keep_initial()
-        self.run_log.scores(f"head {_described(self.init_record)}; at", initial)
+        self.run_log.scores(f"head {student.head_note(self.init_record)}; at", initial)
         return self.init_record
 
     def train(self, progress: bool) -> None:
@@ -181,13 +181,6 @@ def _initial_head(model: Any, params: DistillParams, data: TrainingData, keep_he
     return student.initialise_head(
         model, params.init, first.texts, first.targets, params.activation, params.ridge_alpha
     )
-
-
-def _described(record: dict[str, Any]) -> str:
-    if record.get("init") == "warm_start":
-        return "kept from the warm start"
-    rows = record.get("rows")
-    return f"initialised ({record.get('init')})" + (f" on {rows} rows" if rows else "")
 
 
 def _build_student(params: DistillParams, spec: str, dim: int, device: str, keep_head: bool) -> Any:
