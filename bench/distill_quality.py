@@ -87,9 +87,13 @@ LEVERS: dict[str, dict[str, Any]] = {
     "data: the STS-B and SICK training splits' sentences alone (no corpus partition)": {
         "partitions": [IN_DOMAIN_DAY.isoformat()]
     },
+    "targets from two teachers, with the in-batch neighbourhood KL at weight 10": {
+        "teacher": TWO_TEACHERS,
+        "relation_weight": 10.0,
+    },
 }
 RECIPE: dict[str, dict[str, Any]] = {
-    "MiniLM-L6": {"max_steps": 3000},
+    "MiniLM-L6": {"max_steps": 7500},
     "MiniLM-L3": {"student_layers": 3, "max_steps": 10000},
 }
 WINNING: dict[str, Any] = {
