@@ -391,7 +391,9 @@ ABOUT = {
             "student's vectors searched with the new student's queries found at most a "
             "{details/volume/reuse_after_promotion/lowest_recall_at_10_vs_re_encode} share of what the new student's "
             "full re-encode finds at 10, against the {details/volume/reuse_after_promotion/threshold} that keeping old "
-            "segments would need: the verdict, {details/volume/reuse_after_promotion/verdict}.",
+            "segments would need: the verdict, {details/volume/reuse_after_promotion/verdict}. These runs predate warm "
+            "starts that keep their start's Dense head (their retrains fitted a new one by ridge); a retrain that "
+            "keeps it changes less, so the share is to be measured again.",
             "Over a month, at {details/thirty_days/day_rows} sentences a day for {details/thirty_days/days} days, the "
             "retrain policy cost {details/thirty_days/totals_s/policy} s against "
             "{details/thirty_days/totals_s/per_partition} s for a retrain and a full index rebuild per partition "
