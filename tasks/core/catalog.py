@@ -112,10 +112,15 @@ def slug(spec: str) -> str:
     characters than letters, digits and ``_ . -`` become ``_``, and the result never is empty, ``.``,
     ``..`` nor starts with ``.`` (see :func:`_segment`; ``".."``, ``"x/.."`` and ``"/"`` give ``_``).
     It always matches :data:`RUN_NAME_PATTERN`. A composite teacher (``a+b``, :mod:`tasks.ml.teachers`)
-    is its members' slugs joined by ``--``."""
+    is its members' slugs joined by ``--``, a weighted member's (``0.5*model``) as ``0.5x-<model's slug>``."""
     if "+" in spec:
-        return "--".join(slug(member.strip()) for member in spec.split("+"))
+        return "--".join(_member_slug(member.strip()) for member in spec.split("+"))
     return _segment(_UNSAFE_CHARS.sub("_", spec.rstrip("/").rsplit("/", 1)[-1]))
+
+
+def _member_slug(member: str) -> str:
+    weight, star, model = member.partition("*")
+    return _segment(f"{_UNSAFE_CHARS.sub('_', weight.strip())}x-{slug(model.strip())}") if star else slug(member)
 
 
 def default_pca_name(k: int, mode: str) -> str:

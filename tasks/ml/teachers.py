@@ -2,7 +2,9 @@
 
 HPD's targets come from a teacher's embeddings. A composite teacher (``all-mpnet-base-v2+all-MiniLM-L6-v2``)
 gives each member's embedding L2-normalised and concatenated (768 + 384 = 1,152-d, scaled back to unit norm),
-so the PCA that follows keeps what the members agree on: the targets score above the big teacher's alone on
+so the PCA that follows keeps what the members agree on. A member may carry a weight (``0.5*all-MiniLM-L6-v2``:
+its block scaled by 0.5 before the rescaling; 1 when none is given), which sets how much of the PCA's variance,
+and so of the targets, it accounts for: the targets score above the big teacher's alone on
 STS and start much closer to a student built from a member (``bench/distill_quality``'s two-teacher lever).
 Each member is encoded once by its own encode_teacher run and combined from the store, so a second teacher
 costs its own encoding only.
@@ -15,26 +17,53 @@ from typing import Any
 
 import numpy as np
 
-SEPARATOR = "+"
+SEPARATOR, WEIGHT = "+", "*"
 
 
 def members(spec: str) -> list[str]:
-    """The models of a teacher spec, in order (one for a plain model spec)."""
+    """The models of a teacher spec, in order (one for a plain model spec), without their weights."""
+    return [model for model, _ in weighted_members(spec)]
+
+
+def weighted_members(spec: str) -> list[tuple[str, float]]:
+    """Each member's model and weight, in order: a composite's ``0.5*model`` weighs 0.5, a member without a
+    weight 1 (a plain model spec is one member of weight 1, taken as it is)."""
     parts = [part.strip() for part in spec.split(SEPARATOR)]
-    if len(parts) > 1 and (not all(parts) or len(set(parts)) != len(parts)):
+    if len(parts) == 1:
+        return [(parts[0], 1.0)]
+    weighted = [_weighted(part, spec) for part in parts]
+    models = [model for model, _ in weighted]
+    if not all(models) or len(set(models)) != len(models):
         raise ValueError(f"teacher {spec!r}: a composite teacher joins distinct, non-empty model specs with '+'")
-    return parts
+    return weighted
+
+
+def _weighted(member: str, spec: str) -> tuple[str, float]:
+    weight, star, model = member.partition(WEIGHT)
+    if not star:
+        return member, 1.0
+    try:
+        value = float(weight)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"teacher {spec!r}: {weight.strip()!r} is not a positive weight ('<weight>*<model>')")
+    return model.strip(), value
 
 
 def is_composite(spec: str) -> bool:
     return len(members(spec)) > 1
 
 
-def combine(embeddings: Sequence[np.ndarray]) -> np.ndarray:
-    """Each member's rows L2-normalised, side by side, scaled by 1/sqrt(members) so that a combined row is
-    unit-norm as a single teacher's is and each member weighs the same (float32)."""
-    unit = [e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12) for e in embeddings]
-    return (np.hstack(unit) / np.sqrt(len(unit))).astype(np.float32)
+def combine(embeddings: Sequence[np.ndarray], weights: Sequence[float] | None = None) -> np.ndarray:
+    """Each member's rows L2-normalised and scaled by its weight (default: all 1), side by side, scaled by
+    1/sqrt(sum of squared weights) so that a combined row is unit-norm as a single teacher's is (float32)."""
+    weights = [1.0] * len(embeddings) if weights is None else list(weights)
+    unit = [
+        w * e / np.maximum(np.linalg.norm(e, axis=1, keepdims=True), 1e-12)
+        for e, w in zip(embeddings, weights, strict=True)
+    ]
+    return (np.hstack(unit) / np.sqrt(sum(w * w for w in weights))).astype(np.float32)
 
 
 class CompositeTeacher:
@@ -48,7 +77,10 @@ class CompositeTeacher:
         return sum(encoder.dim for encoder in self.encoders)
 
     def encode(self, texts: list[str], batch_size: int = 64, dtype: str = "fp32") -> np.ndarray:
-        return combine([encoder.encode(texts, batch_size=batch_size, dtype=dtype) for encoder in self.encoders])
+        weights = [weight for _, weight in weighted_members(self.model_id)]
+        return combine(
+            [encoder.encode(texts, batch_size=batch_size, dtype=dtype) for encoder in self.encoders], weights
+        )
 
 
 def load(spec: str, device: str = "cpu", max_seq_length: int | None = None) -> Any:

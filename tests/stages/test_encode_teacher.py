@@ -18,9 +18,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from tasks import cli
-from tasks.core import catalog, config, contracts, manifest, sentences, storage, teacher_sample
+from tasks.core import catalog, config, contracts, manifest, parquet_shards, sentences, storage, teacher_sample
 from tasks.core.catalog import Stage
-from tasks.ml import models
+from tasks.ml import models, teachers
 from tasks.ml.models import ModelError
 from tasks.stages import encode_teacher, stage_corpus
 from tests.support import faults
@@ -335,6 +335,24 @@ def test_a_composite_teacher_combines_its_members_shards_then_skips(store, tmp_p
     read = {i.uri for i in published.inputs}
     assert {members[0][0], members[1][0]} <= read and len(read) == 3
     assert encode_teacher.run(_params(store, spec)).stats["skipped"] == 2
+
+
+def test_a_weighted_composite_shares_its_members_encodings_and_scales_their_blocks(store, tmp_path, tiny_model):
+    other = build_sentence_model(tmp_path / "other", hidden=16, seed=1)
+    _stage(store, tmp_path, n=10)
+    encode_teacher.run(_params(store, f"{tiny_model}+{other}"))
+    weighted = f"{tiny_model}+0.5*{other}"
+    assert encode_teacher.run(_params(store, weighted)).stats["rows"] == 10
+    members = [encode_teacher.output_shards(store, str(m), DAY) for m in (tiny_model, other)]
+    assert [len(m) for m in members] == [1, 1]  # each member encoded once, for both composites
+    first, second = (parquet_shards.vectors(storage.read_parquet(m[0]), "embedding") for m in members)
+    (shard,) = encode_teacher.output_shards(store, weighted, DAY)
+    np.testing.assert_allclose(
+        parquet_shards.vectors(storage.read_parquet(shard), "embedding"),
+        teachers.combine([first, second], [1.0, 0.5]),
+        atol=1e-6,
+    )
+    assert shard not in encode_teacher.output_shards(store, f"{tiny_model}+{other}", DAY)
 
 
 def test_a_composite_teacher_refuses_a_damaged_member_shard(store, tmp_path, tiny_model):

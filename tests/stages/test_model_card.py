@@ -127,3 +127,11 @@ def test_the_exported_student_loads_in_sentence_transformers_without_a_warning(p
     theirs = loaded.encode(TEXTS)
     assert theirs.shape == (len(TEXTS), 8)
     np.testing.assert_allclose(theirs, ours, atol=1e-5)
+
+
+def test_a_teacher_is_named_by_its_members_with_their_weights(tmp_path):
+    local = tmp_path / "my-teacher"
+    local.mkdir()
+    spec = f"all-mpnet-base-v2+0.5*{local}"
+    assert card.teacher_name(spec, quote="`") == "`sentence-transformers/all-mpnet-base-v2` + 0.5 × `my-teacher`"
+    assert card.teacher_name("all-MiniLM-L6-v2") == "sentence-transformers/all-MiniLM-L6-v2"

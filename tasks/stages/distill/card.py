@@ -122,7 +122,7 @@ def render(trainer: Trainer, stage_run: manifest.StageRun, onnx: OnnxExport | No
         warm_start=f" (warm-started from distill run `{params.warm_start}`)" if params.warm_start else "",
         layers=f" (its first {params.student_layers} layers)" if params.student_layers else "",
         activation=params.activation,
-        teacher=" + ".join(f"`{model_name(m)}`" for m in teachers.members(params.teacher)),
+        teacher=teacher_name(params.teacher, quote="`"),
         pca_name=params.pca_name,
         scores=scores.table(params.select_on),
         training=training_lines(trainer, stage_run, scores, learned),
@@ -162,6 +162,15 @@ def base_card(spec: str) -> dict[str, Any]:
         return (metadata_load(card) or {}) if card.is_file() else {}
     except (models.ModelError, ValueError):
         return {}
+
+
+def teacher_name(spec: str, quote: str = "") -> str:
+    """How the card names a teacher spec: its members' :func:`model_name` joined by " + ", a weighted member's
+    with its weight (``0.5 × all-MiniLM-L6-v2``)."""
+    return " + ".join(
+        f"{f'{weight:g} × ' if weight != 1 else ''}{quote}{model_name(model)}{quote}"
+        for model, weight in teachers.weighted_members(spec)
+    )
 
 
 def model_name(spec: str) -> str:
@@ -208,11 +217,7 @@ def parameter_table(params: DistillParams) -> str:
         if name in HIDDEN_PARAMS:
             continue
         value = getattr(params, name)
-        shown = (
-            " + ".join(map(model_name, teachers.members(value or "")))
-            if name in ("teacher", "student")
-            else readable(value)
-        )
+        shown = teacher_name(value or "") if name in ("teacher", "student") else readable(value)
         lines.append(f"| `{name}` | {shown} | {(field.description or '').replace('|', '/')} |")
     return "\n".join(lines)
 
