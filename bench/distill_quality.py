@@ -62,6 +62,8 @@ REFERENCE = {
 }
 PREDATING = {"length_grouped": False}  # how runs published before a parameter existed behaved
 TWO_TEACHERS = models.DEFAULT_TEACHER_SPEC  # the stages' default: teacher + base student
+HALF_STUDENT = f"{models.DEFAULT_TEACHER}+0.5*{models.DEFAULT_STUDENT}"  # the base student's block at weight 0.5
+TEACHERS = (models.DEFAULT_TEACHER, TWO_TEACHERS, HALF_STUDENT)
 DTYPE = precision.resolve("auto", "cpu")  # bf16 on CPUs with AVX-512 BF16 or AMX (where it was measured), else fp32
 AMP = "bf16" if DTYPE == "bf16" else "off"
 LEVERS: dict[str, dict[str, Any]] = {
@@ -90,6 +92,10 @@ LEVERS: dict[str, dict[str, Any]] = {
     "targets from two teachers, with the in-batch neighbourhood KL at weight 10": {
         "teacher": TWO_TEACHERS,
         "relation_weight": 10.0,
+    },
+    "targets from two teachers, the base student's at weight 0.5, with the in-batch neighbourhood KL": {
+        "teacher": HALF_STUDENT,
+        "relation_weight": 1.0,
     },
 }
 RECIPE: dict[str, dict[str, Any]] = {
@@ -122,7 +128,7 @@ def prepare() -> dict:
         ("augment", augment.run, augment.AugmentParams, DAY, {"methods": ["wordnet"], "fraction": 0.25, **EVERY_ROW}),
         ("stage in-domain", stage_corpus.run, stage_corpus.StageCorpusParams, IN_DOMAIN_DAY, _in_domain_source()),
     ]
-    for teacher in (models.DEFAULT_TEACHER, TWO_TEACHERS):
+    for teacher in TEACHERS:
         values = {"dtype": DTYPE, "teacher": teacher, **EVERY_ROW}
         for day in (DAY, IN_DOMAIN_DAY):
             steps.append(
@@ -131,7 +137,7 @@ def prepare() -> dict:
     timings = {}
     for name, run, model, day, values in steps:
         timings[name] = _timed_stage(run, config.parse(model, {"store": STORE, "ingest_date": day, **values}))
-    for teacher in (models.DEFAULT_TEACHER, TWO_TEACHERS):
+    for teacher in TEACHERS:
         values = {"store": STORE, "teacher": teacher, "k": 128, "max_rows": 40_000}
         timings[f"fit_pca {teacher}"] = _timed_stage(fit_pca.run, config.parse(fit_pca.FitPCAParams, values))
     return timings
@@ -267,6 +273,9 @@ def teacher_rows() -> dict[str, dict[str, float]]:
         "teacher all-mpnet-base-v2 (768-d)": full,
         "teacher + PCA-128 (the single-teacher targets)": measured("teacher-pca", projected(models.DEFAULT_TEACHER)),
         "two teachers + PCA-128 (the recipe's targets)": measured("two-teachers-pca", projected(TWO_TEACHERS)),
+        "two teachers, the base student's at weight 0.5, + PCA-128": measured(
+            "half-student-pca", projected(HALF_STUDENT)
+        ),
     }
 
 
