@@ -2,10 +2,10 @@
 
 HPD's targets come from a teacher's embeddings. A composite teacher (``all-mpnet-base-v2+all-MiniLM-L6-v2``)
 gives each member's embedding L2-normalised and concatenated (768 + 384 = 1,152-d, scaled back to unit norm),
-so the PCA that follows keeps what the members agree on. A member may carry a weight (``0.5*all-MiniLM-L6-v2``:
-its block scaled by 0.5 before the rescaling; 1 when none is given), which sets how much of the PCA's variance,
-and so of the targets, it accounts for: the targets score above the big teacher's alone on
+so the PCA that follows keeps what the members agree on: the targets score above the big teacher's alone on
 STS and start much closer to a student built from a member (``bench/distill_quality``'s two-teacher lever).
+A member may carry a weight (``0.5*all-MiniLM-L6-v2``: its block scaled by 0.5 before the rescaling; 1 when
+none is given), which sets how much of the PCA's variance, and so of the targets, it accounts for.
 Each member is encoded once by its own encode_teacher run and combined from the store, so a second teacher
 costs its own encoding only.
 """
