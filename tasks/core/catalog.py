@@ -40,6 +40,7 @@ from datetime import UTC, date, datetime
 from enum import StrEnum
 from typing import Any, Literal, overload
 
+from tasks.core import teacher_spec
 from tasks.core.uris import StorageError, join, to_uri
 
 
@@ -113,14 +114,16 @@ def slug(spec: str) -> str:
     ``..`` nor starts with ``.`` (see :func:`_segment`; ``".."``, ``"x/.."`` and ``"/"`` give ``_``).
     It always matches :data:`RUN_NAME_PATTERN`. A composite teacher (``a+b``, :mod:`tasks.ml.teachers`)
     is its members' slugs joined by ``--``, a weighted member's (``0.5*model``) as ``0.5x-<model's slug>``."""
-    if "+" in spec:
-        return "--".join(_member_slug(member.strip()) for member in spec.split("+"))
+    members = teacher_spec.split(spec)
+    if len(members) > 1:
+        return "--".join(map(_member_slug, members))
     return _segment(_UNSAFE_CHARS.sub("_", spec.rstrip("/").rsplit("/", 1)[-1]))
 
 
-def _member_slug(member: str) -> str:
-    weight, star, model = member.partition("*")
-    return _segment(f"{_UNSAFE_CHARS.sub('_', weight.strip())}x-{slug(model.strip())}") if star else slug(member)
+def _member_slug(member: teacher_spec.Member) -> str:
+    if member.weight is None:
+        return slug(member.model)
+    return _segment(f"{_UNSAFE_CHARS.sub('_', member.weight)}x-{slug(member.model)}")
 
 
 def default_pca_name(k: int, mode: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-SEPARATOR, WEIGHT = "+", "*"
+from tasks.core import teacher_spec
 
 
 def members(spec: str) -> list[str]:
@@ -28,27 +28,30 @@ def members(spec: str) -> list[str]:
 def weighted_members(spec: str) -> list[tuple[str, float]]:
     """Each member's model and weight, in order: a composite's ``0.5*model`` weighs 0.5, a member without a
     weight 1 (a plain model spec is one member of weight 1, taken as it is)."""
-    parts = [part.strip() for part in spec.split(SEPARATOR)]
-    if len(parts) == 1:
-        return [(parts[0], 1.0)]
-    weighted = [_weighted(part, spec) for part in parts]
-    models = [model for model, _ in weighted]
+    split = teacher_spec.split(spec)
+    if len(split) == 1:
+        return [(split[0].model, 1.0)]
+    models = [member.model for member in split]
     if not all(models) or len(set(models)) != len(models):
         raise ValueError(f"teacher {spec!r}: a composite teacher joins distinct, non-empty model specs with '+'")
-    return weighted
+    return [(member.model, _weight(member, spec)) for member in split]
 
 
-def _weighted(member: str, spec: str) -> tuple[str, float]:
-    weight, star, model = member.partition(WEIGHT)
-    if not star:
-        return member, 1.0
+def weights(spec: str) -> list[float]:
+    """The members' weights, in order (:func:`weighted_members`)."""
+    return [weight for _, weight in weighted_members(spec)]
+
+
+def _weight(member: teacher_spec.Member, spec: str) -> float:
+    if member.weight is None:
+        return 1.0
     try:
-        value = float(weight)
+        value = float(member.weight)
     except ValueError:
         value = float("nan")
     if not 0 < value < float("inf"):
-        raise ValueError(f"teacher {spec!r}: {weight.strip()!r} is not a positive weight ('<weight>*<model>')")
-    return model.strip(), value
+        raise ValueError(f"teacher {spec!r}: {member.weight!r} is not a positive weight ('<weight>*<model>')")
+    return value
 
 
 def is_composite(spec: str) -> bool:
@@ -77,10 +80,8 @@ class CompositeTeacher:
         return sum(encoder.dim for encoder in self.encoders)
 
     def encode(self, texts: list[str], batch_size: int = 64, dtype: str = "fp32") -> np.ndarray:
-        weights = [weight for _, weight in weighted_members(self.model_id)]
-        return combine(
-            [encoder.encode(texts, batch_size=batch_size, dtype=dtype) for encoder in self.encoders], weights
-        )
+        encoded = [encoder.encode(texts, batch_size=batch_size, dtype=dtype) for encoder in self.encoders]
+        return combine(encoded, weights(self.model_id))
 
 
 def load(spec: str, device: str = "cpu", max_seq_length: int | None = None) -> Any:

@@ -386,8 +386,8 @@ def _combine_shard(
         if not table.column("sentence_id").equals(ids):
             raise EncodeError(f"{output.uri}: its sentence ids are not those of {encoded[0].uri}, row for row")
     with stage_run.phase("encode"):
-        weights = [weight for _, weight in teachers.weighted_members(params.teacher)]
-        embeddings = teachers.combine([parquet_shards.vectors(table, "embedding") for table in tables], weights)
+        vectors = [parquet_shards.vectors(table, "embedding") for table in tables]
+        embeddings = teachers.combine(vectors, teachers.weights(params.teacher))
     written = _write_embeddings(params, stage_run, shard.uri, ids, embeddings)
     stage_run.stats = {"rows": written.rows, "members": len(encoded)}
     log.info("encode_teacher %s: %d rows combined from %d members", stage_run.key, written.rows, len(encoded))
