@@ -58,9 +58,10 @@ REFERENCE = {
     "select_on": "val_mse",
     "blend_initial": [],
     "relation_weight": 0.0,
+    "relation_on": "targets",
     "partitions": CORPUS_ONLY,
 }
-PREDATING = {"length_grouped": False}  # how runs published before a parameter existed behaved
+PREDATING = {"length_grouped": False, "relation_on": "targets"}  # how runs from before a parameter behaved
 TWO_TEACHERS = models.DEFAULT_TEACHER_SPEC  # the stages' default: teacher + base student
 HALF_STUDENT = f"{models.DEFAULT_TEACHER}+0.5*{models.DEFAULT_STUDENT}"  # the base student's block at weight 0.5
 TEACHERS = (models.DEFAULT_TEACHER, TWO_TEACHERS, HALF_STUDENT)
@@ -97,6 +98,11 @@ LEVERS: dict[str, dict[str, Any]] = {
         "teacher": HALF_STUDENT,
         "relation_weight": 1.0,
     },
+    "targets from two teachers, with the in-batch neighbourhood KL on the teacher's own (1,152-d) similarities": {
+        "teacher": TWO_TEACHERS,
+        "relation_weight": 1.0,
+        "relation_on": "teacher",
+    },
 }
 RECIPE: dict[str, dict[str, Any]] = {
     "MiniLM-L6": {"max_steps": 7500},
@@ -106,6 +112,7 @@ WINNING: dict[str, Any] = {
     "teacher": TWO_TEACHERS,
     "partitions": EVERY_PARTITION,
     "relation_weight": 1.0,
+    "relation_on": "teacher",
     "length_grouped": True,
     "select_on": "sts_dev",
     "blend_initial": [0.25, 0.5, 0.75],

@@ -168,9 +168,15 @@ class DistillParams(StageParams):
     relation_weight: float = Field(
         1.0,
         ge=0,
-        description="weight of an in-batch neighbourhood term: KL divergence from the targets' to the student's "
-        "softmax over each row's cosine similarities to the micro-batch's other rows (so with grad_accum or DDP "
-        "it is not one process's whole-batch term; 0: the step's gradient is the same however the batch is split)",
+        description="weight of an in-batch neighbourhood term: KL divergence from the teacher's (relation_on) to "
+        "the student's softmax over each row's cosine similarities to the micro-batch's other rows (so with "
+        "grad_accum or DDP it is not one process's whole-batch term; 0: the step's gradient is the same however "
+        "the batch is split)",
+    )
+    relation_on: Literal["teacher", "targets"] = Field(
+        "teacher",
+        description="whose similarities the neighbourhood term follows: the teacher's own embeddings (full-"
+        "dimensional, before the PCA: the targets' source) or the k-dimensional targets",
     )
     relation_temperature: float = Field(
         0.05, gt=0, description="temperature of the neighbourhood term's softmax (lower: sharper neighbourhoods)"

@@ -124,6 +124,7 @@ def render(trainer: Trainer, stage_run: manifest.StageRun, onnx: OnnxExport | No
         activation=params.activation,
         teacher=teacher_name(params.teacher, quote="`"),
         pca_name=params.pca_name,
+        relation=relation_note(params),
         scores=scores.table(params.select_on),
         training=training_lines(trainer, stage_run, scores, learned),
         onnx=onnx_note(onnx),
@@ -132,6 +133,13 @@ def render(trainer: Trainer, stage_run: manifest.StageRun, onnx: OnnxExport | No
         code_version=manifest.code_version(),
         inputs=input_lines(stage_run),
     )
+
+
+def relation_note(params: DistillParams) -> str:
+    """What the neighbourhood term followed, when not the targets."""
+    if not (params.relation_weight and params.relation_on == "teacher"):
+        return ""
+    return ", and the in-batch neighbourhoods of the teacher's own embeddings"
 
 
 def front_matter(params: DistillParams, scores: Scores) -> str:

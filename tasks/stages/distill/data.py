@@ -34,12 +34,15 @@ class DistillDataError(ValueError):
 @dataclass(frozen=True)
 class ShardPair:
     """A sentences shard and its targets shard, with the sha256 of each as the manifests record them
-    (``""``: none recorded, for a pair built by hand; such a shard is read unverified)."""
+    (``""``: none recorded, for a pair built by hand; such a shard is read unverified), and optionally the
+    teacher embedding shard the targets were projected from, whose similarities the neighbourhood term then
+    follows (``relation``: see :func:`shard_pairs`)."""
 
     sentences_uri: str
     targets_uri: str
     sha256: tuple[str, str]
     rows: int
+    relation: manifest.Input | None = None
 
     def read(self) -> tuple[list[str], list[str], np.ndarray]:
         """(sentence ids, texts, targets) of the pair, joined by sentence id in the targets' order (the targets cover
@@ -58,6 +61,19 @@ class ShardPair:
             )
         return ids, [text_of[sid] for sid in ids], parquet_shards.vectors(targets, "target", self.targets_uri)
 
+    def relation_vectors(self, ids: list[str]) -> np.ndarray:
+        """The relation shard's embedding of each of ``ids``, in their order (read verified; empty columns
+        without a relation shard); a :class:`DistillDataError` naming the shard when it lacks one of them."""
+        if self.relation is None:
+            return np.zeros((len(ids), 0), dtype=np.float32)
+        uri = self.relation.uri
+        table = storage.read_parquet(uri, columns=["sentence_id", "embedding"], sha256=self.relation.sha256 or None)
+        row_of = {sid: row for row, sid in enumerate(table.column("sentence_id").to_pylist())}
+        missing = [sid for sid in ids if sid not in row_of]
+        if missing:
+            raise DistillDataError(f"{uri}: {len(missing)} of its targets' sentence ids are not in it")
+        return parquet_shards.vectors(table, "embedding", uri)[[row_of[sid] for sid in ids]]
+
 
 @dataclass(frozen=True)
 class Position:
@@ -73,8 +89,11 @@ class Batch:
     next_position: Position
 
 
-def shard_pairs(store: str, teacher: str, pca_name: str, partitions: list[date] | None = None) -> list[ShardPair]:
-    """(sentences shard, targets shard) pairs of a PCA run, optionally restricted to partitions."""
+def shard_pairs(
+    store: str, teacher: str, pca_name: str, partitions: list[date] | None = None, teacher_embeddings: bool = False
+) -> list[ShardPair]:
+    """(sentences shard, targets shard) pairs of a PCA run, optionally restricted to partitions; with
+    ``teacher_embeddings``, each with the teacher embedding shard its targets were projected from (``relation``)."""
     pca_key = catalog.pca_key(teacher, pca_name)
     pca = manifest.read(store, Stage.FIT_PCA, pca_key)
     if pca is None:
@@ -98,7 +117,8 @@ def shard_pairs(store: str, teacher: str, pca_name: str, partitions: list[date] 
             continue
         if not target.rows:  # none of the shard's rows in the teacher's sample
             continue
-        pairs.append(ShardPair(source.uri, target.uri, (source.sha256, target.sha256), target.rows or 0))
+        relation = teacher_input if teacher_embeddings else None
+        pairs.append(ShardPair(source.uri, target.uri, (source.sha256, target.sha256), target.rows or 0, relation))
     if not pairs:
         raise DistillDataError(f"{store}: PCA run {pca_name!r} has no target shards for partitions {partitions}")
     return pairs
@@ -136,7 +156,7 @@ class TrainingData:
         self.train_rows, val_texts, val_targets = 0, [], []
         self.train_counts: list[int] = []  # training rows per pair
         self.train_lengths: list[np.ndarray] = []  # per pair, its training rows' text lengths (length grouping)
-        self.dim = 0
+        self.dim, self.relation_dim = 0, 0
         for pair in pairs:
             ids, texts, targets = pair.read()
             if self.dim and targets.shape[1] != self.dim:
@@ -144,6 +164,7 @@ class TrainingData:
                     f"{pair.targets_uri}: targets have {targets.shape[1]} dimensions, the other shards {self.dim}"
                 )
             self.dim = targets.shape[1]
+            self.relation_dim = self._relation_width(pair, ids)
             held_out = is_validation(ids, val_fraction, seed)
             self.train_counts.append(int((~held_out).sum()))
             self.train_lengths.append(np.array([len(t) for t, h in zip(texts, held_out, strict=True) if not h]))
@@ -156,6 +177,17 @@ class TrainingData:
         if not self.train_rows:
             raise DistillDataError("the training split is empty")
         self.val_texts, self.val_targets = val_texts, np.stack(val_targets)
+
+    def _relation_width(self, pair: ShardPair, ids: list[str]) -> int:
+        """The width of ``pair``'s relation embeddings (0 without), checked to cover ``ids`` and to match the
+        other pairs'."""
+        width = pair.relation_vectors(ids).shape[1]
+        if self.relation_dim and width != self.relation_dim:
+            raise DistillDataError(
+                f"{pair.relation.uri if pair.relation else pair.targets_uri}: relation embeddings have {width} "
+                f"dimensions, the other shards {self.relation_dim}"
+            )
+        return width
 
     def _rng(self, *parts: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, *parts])
@@ -201,13 +233,17 @@ class TrainingData:
             yield shard, pair, local
 
     def training_dataset(self, scratch: Path) -> Any:
-        """The training rows (``sentence``, ``label``: the target) as a ``parquet_shards.Dataset``, pair after pair
+        """The training rows (``sentence``, ``label``: the target, followed by the row's relation embedding when
+        the pairs have one, :data:`relation_dim` columns) as a ``parquet_shards.Dataset``, pair after pair
         in file order (the indices :meth:`epoch_order` gives), in Arrow files under ``scratch`` (memory-mapped:
         memory holds one shard at a time). Each pair is read again, verified."""
         import datasets as hf_datasets
 
         features = hf_datasets.Features(
-            {"sentence": hf_datasets.Value("string"), "label": hf_datasets.List(hf_datasets.Value("float32"), self.dim)}
+            {
+                "sentence": hf_datasets.Value("string"),
+                "label": hf_datasets.List(hf_datasets.Value("float32"), self.label_dim),
+            }
         )
         bars = hf_datasets.is_progress_bar_enabled()
         hf_datasets.disable_progress_bars()
@@ -219,11 +255,16 @@ class TrainingData:
             if bars:
                 hf_datasets.enable_progress_bars()
 
+    @property
+    def label_dim(self) -> int:
+        return self.dim + self.relation_dim
+
     def _training_rows(self) -> Iterator[dict[str, Any]]:
         for pair in self.pairs:
             ids, texts, targets = pair.read()
+            labels = np.hstack([targets, pair.relation_vectors(ids)])
             for row in np.flatnonzero(~is_validation(ids, self.val_fraction, self.seed)):
-                yield {"sentence": texts[row], "label": targets[row]}
+                yield {"sentence": texts[row], "label": labels[row]}
 
     def _after(self, epoch: int, shard: int, row: int, shard_rows: int) -> Position:
         if row < shard_rows:

@@ -1,5 +1,6 @@
 """What a distillation run minimises: the MSE to the targets, plus optionally a (1 - cosine) term, an in-batch
-similarity-structure term and an in-batch neighbourhood (relational KL) term; as a loss module for
+similarity-structure term and an in-batch neighbourhood (relational KL) term, on the targets' similarities or on
+the teacher's own, full-dimensional ones (``relation_on``); as a loss module for
 sentence-transformers' trainer (:class:`HPDLoss`)."""
 
 from __future__ import annotations
@@ -25,12 +26,16 @@ class HPDLoss(torch.nn.Module):
         self.squared_error, self.rows = 0.0, 0
 
     def forward(self, features: list[dict[str, torch.Tensor]], labels: torch.Tensor) -> torch.Tensor:
+        """``labels``: each row's target (k columns), then its teacher embedding when the neighbourhood term
+        follows the teacher's similarities (``relation_on``), which it then does instead of the target's."""
         output = self.model(features[0])["sentence_embedding"].float()
-        goal = labels.to(output)
+        k = output.shape[1]
+        goal, relation = labels[:, :k].to(output), labels[:, k:].to(output)
         sse = ((output - goal) ** 2).sum()
         self.squared_error += float(sse.detach())
         self.rows += len(output)
-        return (sse / output.shape[1] + extra_loss(self.params, output, goal)) / len(output)
+        neighbours = relation if relation.shape[1] else goal
+        return (sse / k + extra_loss(self.params, output, goal, neighbours)) / len(output)
 
     def take(self) -> tuple[float, int]:
         """The summed squared error and rows since the last call."""
@@ -39,8 +44,9 @@ class HPDLoss(torch.nn.Module):
         return taken
 
 
-def extra_loss(params: DistillParams, output: Any, goal: Any) -> Any:
-    """The cosine, similarity-structure and neighbourhood terms, summed over these rows (0 when all are off)."""
+def extra_loss(params: DistillParams, output: Any, goal: Any, neighbours: Any = None) -> Any:
+    """The cosine, similarity-structure and neighbourhood terms, summed over these rows (0 when all are off);
+    the neighbourhood term follows the similarities of ``neighbours`` (default: the targets)."""
     import torch.nn.functional as F
 
     total = output.new_zeros(())
@@ -50,7 +56,8 @@ def extra_loss(params: DistillParams, output: Any, goal: Any) -> Any:
         student_sims, target_sims = (F.normalize(x, dim=1) @ F.normalize(x, dim=1).T for x in (output, goal))
         total = total + params.structure_weight * ((student_sims - target_sims) ** 2).mean(dim=1).sum()
     if params.relation_weight and len(output) > 2:
-        total = total + params.relation_weight * neighbourhood_kl(output, goal, params.relation_temperature)
+        teacher = goal if neighbours is None else neighbours
+        total = total + params.relation_weight * neighbourhood_kl(output, teacher, params.relation_temperature)
     return total
 
 

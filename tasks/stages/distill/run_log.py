@@ -31,7 +31,7 @@ class RunLog:
         self.logger.info(
             "distill %s: training steps %d to %d of %d rows each (%d micro-batch(es)), %d epoch(s) of %d rows, "
             "%d validation rows, k=%d, lr %.3g, device %s, amp %s, %d process(es); loss mse + %g cosine + %g "
-            "structure + %g neighbourhood, %d frozen layer(s), selecting on %s",
+            "structure + %g neighbourhood (on the %s), %d frozen layer(s), selecting on %s",
             self.name,
             state.step + 1,
             plan.total_steps,
@@ -48,6 +48,7 @@ class RunLog:
             params.cosine_weight,
             params.structure_weight,
             params.relation_weight,
+            params.relation_on,
             params.freeze_layers,
             params.select_on,
         )

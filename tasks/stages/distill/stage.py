@@ -27,7 +27,8 @@ log = logging.getLogger(__name__)
 def run(params: DistillParams, force: bool = False, progress: bool = False) -> manifest.StageResult:
     """Train (or resume) the student on the PCA run's targets and publish the exported model."""
     dist = init_distributed()
-    pairs = shard_pairs(params.store, params.teacher, params.pca_name, params.partitions)
+    on_teacher = bool(params.relation_weight) and params.relation_on == "teacher"
+    pairs = shard_pairs(params.store, params.teacher, params.pca_name, params.partitions, on_teacher)
     basis = pca_basis(params.store, params.teacher, params.pca_name)
     warm = _warm_start(params)
     stage_run = manifest.StageRun(
@@ -42,6 +43,7 @@ def run(params: DistillParams, force: bool = False, progress: bool = False) -> m
                 for item in (
                     manifest.Input(p.sentences_uri, p.sha256[0], p.rows),
                     manifest.Input(p.targets_uri, p.sha256[1], p.rows),
+                    *([] if p.relation is None else [p.relation]),
                 )
             ),
             basis.as_input(),  # the PCA basis the student learns: its embedding space (tasks.core.spaces)
