@@ -74,6 +74,17 @@ class ShardPair:
             raise DistillDataError(f"{uri}: {len(missing)} of its targets' sentence ids are not in it")
         return parquet_shards.vectors(table, "embedding", uri)[[row_of[sid] for sid in ids]]
 
+    def relation_width(self, ids: list[str], others: int) -> int:
+        """The width of the relation embeddings (0 without), checked to cover ``ids`` and to match the other
+        pairs' (``others``; 0: none seen yet)."""
+        width = self.relation_vectors(ids).shape[1]
+        if others and width != others:
+            raise DistillDataError(
+                f"{self.relation.uri if self.relation else self.targets_uri}: relation embeddings have {width} "
+                f"dimensions, the other shards {others}"
+            )
+        return width
+
 
 @dataclass(frozen=True)
 class Position:
@@ -164,7 +175,7 @@ class TrainingData:
                     f"{pair.targets_uri}: targets have {targets.shape[1]} dimensions, the other shards {self.dim}"
                 )
             self.dim = targets.shape[1]
-            self.relation_dim = self._relation_width(pair, ids)
+            self.relation_dim = pair.relation_width(ids, self.relation_dim)
             held_out = is_validation(ids, val_fraction, seed)
             self.train_counts.append(int((~held_out).sum()))
             self.train_lengths.append(np.array([len(t) for t, h in zip(texts, held_out, strict=True) if not h]))
@@ -177,17 +188,6 @@ class TrainingData:
         if not self.train_rows:
             raise DistillDataError("the training split is empty")
         self.val_texts, self.val_targets = val_texts, np.stack(val_targets)
-
-    def _relation_width(self, pair: ShardPair, ids: list[str]) -> int:
-        """The width of ``pair``'s relation embeddings (0 without), checked to cover ``ids`` and to match the
-        other pairs'."""
-        width = pair.relation_vectors(ids).shape[1]
-        if self.relation_dim and width != self.relation_dim:
-            raise DistillDataError(
-                f"{pair.relation.uri if pair.relation else pair.targets_uri}: relation embeddings have {width} "
-                f"dimensions, the other shards {self.relation_dim}"
-            )
-        return width
 
     def _rng(self, *parts: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, *parts])
