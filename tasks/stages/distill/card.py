@@ -124,7 +124,7 @@ def render(trainer: Trainer, stage_run: manifest.StageRun, onnx: OnnxExport | No
         activation=params.activation,
         teacher=teacher_name(params.teacher, quote="`"),
         pca_name=params.pca_name,
-        relation=relation_note(params),
+        relation=relation_note(trainer),
         scores=scores.table(params.select_on),
         training=training_lines(trainer, stage_run, scores, learned),
         onnx=onnx_note(onnx),
@@ -135,11 +135,9 @@ def render(trainer: Trainer, stage_run: manifest.StageRun, onnx: OnnxExport | No
     )
 
 
-def relation_note(params: DistillParams) -> str:
-    """What the neighbourhood term followed, when not the targets."""
-    if not (params.relation_weight and params.relation_on == "teacher"):
-        return ""
-    return ", and the in-batch neighbourhoods of the teacher's own embeddings"
+def relation_note(trainer: Trainer) -> str:
+    """What the neighbourhood term followed, when the run carried the teacher's own embeddings for it."""
+    return ", and the in-batch neighbourhoods of the teacher's own embeddings" if trainer.data.relation_dim else ""
 
 
 def front_matter(params: DistillParams, scores: Scores) -> str:

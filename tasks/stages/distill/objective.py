@@ -34,7 +34,7 @@ class HPDLoss(torch.nn.Module):
         sse = ((output - goal) ** 2).sum()
         self.squared_error += float(sse.detach())
         self.rows += len(output)
-        neighbours = relation if relation.shape[1] else goal
+        neighbours = relation if relation.shape[1] else None
         return (sse / k + extra_loss(self.params, output, goal, neighbours)) / len(output)
 
     def take(self) -> tuple[float, int]:
